@@ -52,10 +52,11 @@ def delegation(edge_program) -> dict:
 def export_executorch(model: torch.nn.Module, cfg: ExecuTorchExportConfig, path: str | Path,
                       check_inputs: list[tuple[np.ndarray, np.ndarray]]) -> PassRecord:
     """Write `path` (.pte) and verify it with the ExecuTorch runtime on `check_inputs`."""
-    from edgekit.converters.parity import compare
-    from edgekit.runtime.backends import ExecuTorchBackend
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
+
+    from edgekit.converters.parity import compare
+    from edgekit.runtime.backends import ExecuTorchBackend
 
     t0 = time.perf_counter()
     model = model.eval()

@@ -33,6 +33,7 @@ def export_onnx(model: torch.nn.Module, cfg: OnnxExportConfig, path: str | Path,
                 check_inputs: list[tuple[np.ndarray, np.ndarray]]) -> PassRecord:
     """Write `path` (.onnx, weights inline) and verify it with ONNX Runtime on `check_inputs`."""
     import onnx
+
     from edgekit.converters.parity import compare
     from edgekit.runtime.backends import OnnxBackend
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -22,10 +21,12 @@ RUNTIMES = ("executorch", "onnx")
 def _quiet():
     """Keep the terminal for progress and results: library deprecation chatter is not the user's business."""
     warnings.filterwarnings("ignore")
-    logging.basicConfig(level=logging.INFO, format="edgekit: %(message)s", stream=sys.stderr)
-    for name in ("torch", "onnxscript", "executorch", "root"):
+    logging.basicConfig(level=logging.WARNING, format="edgekit: %(message)s", stream=sys.stderr)
+    logging.getLogger("edgekit").setLevel(logging.INFO)
+    # Import-time chatter from torch/torchao/onnx exporters; these loggers are not reset by torch's own setup.
+    for name in ("torch.utils._pytree", "torch.onnx", "torch._export", "torch.export", "onnxscript", "executorch",
+                 "torchao"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    os.environ.setdefault("TQDM_MININTERVAL", "1")
 
 
 def _runtime(value: str) -> str:
@@ -42,7 +43,7 @@ def build(
     target: str = typer.Option("android", help="Device profile from devices/*.toml (android, ios, server-gpu)."),
     format: Optional[str] = typer.Option(None, "--format", help="Force the data format: jointbert|clinc|csv|jsonl."),
     base_model: Optional[Path] = typer.Option(None, help="Local BERT-family folder (default: all-MiniLM-L6-v2)."),
-    epochs: int = typer.Option(3, help="Teacher fine-tuning epochs."),
+    epochs: int = typer.Option(5, help="Teacher fine-tuning epochs."),
     batch_size: int = typer.Option(32, help="Teacher batch size."),
     lr: float = typer.Option(1e-4, help="Encoder learning rate (heads use 10x)."),
     max_len: Optional[int] = typer.Option(None, help="Fixed sequence length (default: p99 of the data, /8)."),
@@ -56,6 +57,8 @@ def build(
     from edgekit.pipeline import build as run_build
     from edgekit.training import TrainConfig
 
+    # torch configures its own loggers on import; only its errors belong on the build's terminal.
+    logging.getLogger("torch").setLevel(logging.ERROR)
     try:
         train = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, head_lr=min(0.5, lr * 10), seed=seed,
                             max_minutes=max_minutes, steps_limit=steps_limit)

@@ -6,12 +6,31 @@ ExecuTorch program is loaded (setting it later aborts the process), so `set_thre
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 _ET_THREADS: int | None = None
 _ET_LOADED = False
+
+
+@contextmanager
+def _quiet_native_stderr():
+    """ExecuTorch's C++ side logs CPU probing to fd 2 at load; keep that off the user's terminal."""
+    if os.environ.get("EDGEKIT_NATIVE_LOGS"):
+        yield
+        return
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def set_threads(n: int) -> None:
@@ -23,7 +42,8 @@ def set_threads(n: int) -> None:
         raise RuntimeError(f"XNNPACK threads are fixed at {_ET_THREADS} once a program is loaded; cannot set {n}")
     from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
 
-    _unsafe_reset_threadpool(n)
+    with _quiet_native_stderr():
+        _unsafe_reset_threadpool(n)
     _ET_THREADS = n
 
 
@@ -43,8 +63,9 @@ class ExecuTorchBackend:
         if _ET_THREADS is None:
             set_threads(1)  # single-utterance inference: one thread is the phone-like default
         _ET_LOADED = True
-        self.program = Runtime.get().load_program(Path(path))
-        self.method = self.program.load_method(method)
+        with _quiet_native_stderr():
+            self.program = Runtime.get().load_program(Path(path))
+            self.method = self.program.load_method(method)
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> list[np.ndarray]:
         import torch

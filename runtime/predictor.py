@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from edgekit.runtime.backends import BACKENDS
 from edgekit.runtime.decode import decode
 from edgekit.runtime.package import Package

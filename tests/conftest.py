@@ -1,0 +1,61 @@
+"""Shared fixtures: a tiny random BERT checkpoint folder in HF layout, and paths to the shared benchmark data."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared" / "data"
+DEMO = REPO / "examples" / "demo_intents.jsonl"
+
+
+def make_vocab(words: list[str]) -> list[str]:
+    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
+    return (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(words)) + chars
+            + ["##" + c for c in chars])
+
+
+def write_tiny_bert(folder: Path, words: list[str], hidden: int = 32, layers: int = 2, heads: int = 4,
+                    ffn: int = 64, seed: int = 0) -> Path:
+    """A random BERT checkpoint with HF parameter names, as a user's --base-model folder would look."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = make_vocab(words)
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (folder / "config.json").write_text(json.dumps({
+        "hidden_size": hidden, "num_attention_heads": heads, "num_hidden_layers": layers,
+        "intermediate_size": ffn, "vocab_size": len(vocab), "max_position_embeddings": 128,
+        "layer_norm_eps": 1e-12, "hidden_act": "gelu", "position_embedding_type": "absolute"}))
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g) * 0.05
+
+    t = {"embeddings.word_embeddings.weight": r(len(vocab), hidden),
+         "embeddings.position_embeddings.weight": r(128, hidden),
+         "embeddings.token_type_embeddings.weight": r(2, hidden),
+         "embeddings.LayerNorm.weight": torch.ones(hidden), "embeddings.LayerNorm.bias": torch.zeros(hidden)}
+    for i in range(layers):
+        p = f"encoder.layer.{i}."
+        for n in ("query", "key", "value"):
+            t[p + f"attention.self.{n}.weight"], t[p + f"attention.self.{n}.bias"] = r(hidden, hidden), r(hidden)
+        t[p + "attention.output.dense.weight"], t[p + "attention.output.dense.bias"] = r(hidden, hidden), r(hidden)
+        t[p + "attention.output.LayerNorm.weight"] = torch.ones(hidden)
+        t[p + "attention.output.LayerNorm.bias"] = torch.zeros(hidden)
+        t[p + "intermediate.dense.weight"], t[p + "intermediate.dense.bias"] = r(ffn, hidden), r(ffn)
+        t[p + "output.dense.weight"], t[p + "output.dense.bias"] = r(hidden, ffn), r(hidden)
+        t[p + "output.LayerNorm.weight"], t[p + "output.LayerNorm.bias"] = torch.ones(hidden), torch.zeros(hidden)
+    save_file(t, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    words = [w.lower() for line in DEMO.read_text().splitlines() for w in json.loads(line)["text"].split()]
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), words)

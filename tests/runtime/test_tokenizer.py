@@ -1,0 +1,45 @@
+from edgekit.runtime.decode import spans
+from edgekit.runtime.tokenizer import WordPieceTokenizer, basic_split, split_words
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "play", "queen", "on", "spot", "##ify", "caf", "##e", "!", "u", "##n"]
+
+
+def tok():
+    return WordPieceTokenizer(VOCAB)
+
+
+def test_basic_split_lowercases_strips_accents_and_splits_punct():
+    assert basic_split("Café!") == ["cafe", "!"]
+    assert basic_split("\u200bplay") == ["play"]
+
+
+def test_encode_marks_first_piece_of_each_word_and_pads():
+    enc = tok().encode("play queen on Spotify", 10)
+    assert enc.input_ids[:7] == [2, 4, 5, 6, 7, 8, 3] and enc.input_ids[7:] == [0, 0, 0]
+    assert enc.attention_mask == [1] * 7 + [0] * 3
+    assert enc.word_index[:7] == [-1, 0, 1, 2, 3, -1, -1]
+    assert not enc.truncated
+
+
+def test_unknown_emoji_and_empty_inputs_never_crash():
+    t = tok()
+    enc = t.encode("play 🎵 東京", 12)
+    # [CLS] play [UNK](emoji) [UNK](東) [UNK](京) [SEP]: CJK characters are split one per piece
+    assert enc.input_ids[:6] == [2, 4, 1, 1, 1, 3] and enc.word_index[:6] == [-1, 0, 1, 2, -1, -1]
+    empty = t.encode("", 8)
+    assert empty.input_ids[:2] == [2, 3] and empty.words == []
+
+
+def test_truncation_keeps_whole_words():
+    enc = tok().encode("play queen on spotify play queen", 6)
+    assert enc.truncated and enc.n_words_kept == 3 and sum(enc.attention_mask) == 5
+
+
+def test_spans_rejoin_words_to_original_text():
+    text = "play  queen on spotify"
+    words = split_words(text)
+    got = spans(words, text, ["O", "B-artist", "O", "B-service"])
+    assert got == [{"slot": "artist", "value": "queen", "start": 6, "end": 11},
+                   {"slot": "service", "value": "spotify", "start": 15, "end": 22}]
+    multi = spans(split_words("the rolling stones"), "the rolling stones", ["O", "B-a", "I-a"])
+    assert multi == [{"slot": "a", "value": "rolling stones", "start": 4, "end": 18}]

@@ -1,0 +1,133 @@
+import json
+
+import pytest
+
+from edgekit.data import detect_format, load_dataset, stratified_split
+from edgekit.errors import DataError, EdgekitError
+
+
+def write_jointbert(root, split, lines_in, lines_out, labels):
+    d = root / split
+    d.mkdir(parents=True)
+    (d / "seq.in").write_text("\n".join(lines_in) + "\n")
+    if lines_out is not None:
+        (d / "seq.out").write_text("\n".join(lines_out) + "\n")
+    (d / "label").write_text("\n".join(labels) + "\n")
+
+
+def small_jointbert(tmp_path, with_dev_test=True):
+    ins = ["play queen", "play the beatles now", "rain in paris", "weather in oslo today"] * 3
+    outs = ["O B-artist", "O B-artist I-artist O", "O O B-city", "O O B-city B-date"] * 3
+    labels = ["Play", "Play", "Weather", "Weather"] * 3
+    write_jointbert(tmp_path, "train", ins, outs, labels)
+    if with_dev_test:
+        write_jointbert(tmp_path, "dev", ins[:4], outs[:4], labels[:4])
+        write_jointbert(tmp_path, "test", ins[:4], outs[:4], labels[:4])
+    return tmp_path
+
+
+def test_jointbert_parses_words_tags_and_labels(tmp_path):
+    ds = load_dataset(small_jointbert(tmp_path))
+    assert ds.format == "jointbert" and ds.has_slots
+    assert ds.intents == ["Play", "Weather"]
+    assert ds.slot_tags[0] == "O" and "B-artist" in ds.slot_tags and "I-city" in ds.slot_tags
+    ex = ds.splits["train"][1]
+    assert ex.words == ["play", "the", "beatles", "now"] and ex.tags == ["O", "B-artist", "I-artist", "O"]
+
+
+def test_jointbert_token_count_mismatch_names_file_and_line(tmp_path):
+    write_jointbert(tmp_path, "train", ["a b", "c d e"], ["O O", "O O"], ["x", "y"])
+    with pytest.raises(DataError) as e:
+        load_dataset(tmp_path)
+    assert e.value.path.endswith("seq.out") and e.value.line == 2
+    assert "seq.out:2:" in str(e.value)
+
+
+def test_missing_split_file(tmp_path):
+    write_jointbert(tmp_path, "train", ["a b"], ["O O"], ["x"])
+    (tmp_path / "train" / "label").unlink()
+    with pytest.raises(DataError, match="label: missing split file"):
+        load_dataset(tmp_path)
+
+
+def test_empty_and_unknown_files(tmp_path):
+    empty = tmp_path / "e.txt"
+    empty.write_text("")
+    with pytest.raises(DataError, match="empty"):
+        load_dataset(empty)
+    odd = tmp_path / "odd.txt"
+    odd.write_text("hello world\nfoo\n")
+    with pytest.raises(DataError, match="unknown format"):
+        load_dataset(odd)
+    with pytest.raises(DataError, match="no such file"):
+        load_dataset(tmp_path / "nope.csv")
+    with pytest.raises(EdgekitError, match="unknown --format"):
+        load_dataset(odd, fmt="xml")
+
+
+def test_csv_with_alias_columns_and_stratified_split(tmp_path):
+    rows = ["utterance,category"] + [f"play song {i},music" for i in range(30)] + \
+           [f"call person {i},call" for i in range(30)]
+    f = tmp_path / "d.csv"
+    f.write_text("\n".join(rows) + "\n")
+    ds = load_dataset(f)
+    assert ds.format == "csv" and not ds.has_slots and ds.slot_tags == []
+    sizes = {k: len(v) for k, v in ds.splits.items()}
+    assert sum(sizes.values()) == 60 and sizes["test"] == 6 and sizes["dev"] == 6
+    # stratified: both intents in every split; deterministic: same split twice
+    for split in ds.splits.values():
+        assert {ex.intent for ex in split} == {"music", "call"}
+    again = load_dataset(f)
+    assert [e.text for e in again.splits["test"]] == [e.text for e in ds.splits["test"]]
+
+
+def test_csv_bad_row_names_line(tmp_path):
+    f = tmp_path / "d.csv"
+    f.write_text('text,label\nhello there,greet\n"only one field"\n')
+    with pytest.raises(DataError, match=r"d\.csv:3:"):
+        load_dataset(f)
+
+
+def test_jsonl_char_spans_become_bio(tmp_path):
+    f = tmp_path / "d.jsonl"
+    rows = [{"text": "play  Bohemian Rhapsody by queen", "intent": "music",
+             "slots": [{"start": 6, "end": 23, "slot": "song"}, {"start": 27, "end": 32, "slot": "artist"}]},
+            {"text": "stop", "intent": "stop"}]
+    f.write_text("\n".join(json.dumps(r) for r in rows * 10) + "\n")
+    ds = load_dataset(f)
+    ex = next(e for e in ds.splits["train"] + ds.splits["dev"] + ds.splits["test"] if e.intent == "music")
+    assert ex.words == ["play", "Bohemian", "Rhapsody", "by", "queen"]
+    assert ex.tags == ["O", "B-song", "I-song", "O", "B-artist"]
+    stop = next(e for e in ds.splits["train"] if e.intent == "stop")
+    assert stop.tags == ["O"]
+
+
+def test_jsonl_bad_span_names_line(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"text": "hi", "intent": "a"}\n{"text": "hi there", "intent": "a", '
+                 '"slots": [{"start": 3, "end": 99, "slot": "x"}]}\n')
+    with pytest.raises(DataError, match=r"d\.jsonl:2: .*outside the text"):
+        load_dataset(f)
+
+
+def test_clinc_json_with_oos(tmp_path):
+    d = {"train": [["what is my balance", "balance"], ["book a flight", "book_flight"]] * 5,
+         "oos_train": [["sing me a song", "oos"]] * 3,
+         "val": [["balance please", "balance"]], "oos_val": [["random", "oos"]],
+         "test": [["my balance", "balance"]], "oos_test": [["who won", "oos"]]}
+    f = tmp_path / "data_full.json"
+    f.write_text(json.dumps(d))
+    assert detect_format(tmp_path) == "clinc"
+    ds = load_dataset(tmp_path)
+    assert ds.oos_label == "oos" and "oos" in ds.intents and not ds.has_slots
+    assert len(ds.splits["train"]) == 13 and len(ds.splits["test"]) == 2
+
+
+def test_stratified_split_is_deterministic_and_keeps_rare_intents():
+    from edgekit.data import Example
+
+    exs = [Example([f"w{i}"], "a") for i in range(20)] + [Example(["solo"], "rare")]
+    keep, held = stratified_split(exs, 0.1, seed=3)
+    keep2, held2 = stratified_split(exs, 0.1, seed=3)
+    assert [e.text for e in held] == [e.text for e in held2] and len(held) == 2
+    assert any(e.intent == "rare" for e in keep)

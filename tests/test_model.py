@@ -1,0 +1,51 @@
+import pytest
+import torch
+
+from edgekit.errors import EdgekitError
+from edgekit.model import JointModel, ModelConfig, count_params, load_model, load_pretrained, save_model
+
+
+def test_forward_shapes_and_padding_invariance():
+    torch.manual_seed(0)
+    m = JointModel(ModelConfig(vocab_size=50, hidden=16, heads=[2, 4], ffn=[32, 8], head_dim=4, n_intents=3,
+                               n_slots=5)).eval()
+    ids = torch.randint(4, 50, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    intent, slots = m(ids, mask)
+    assert intent.shape == (2, 3) and slots.shape == (2, 7, 5)
+    # padding a sequence must not change the answers at its real positions
+    ids_p = torch.cat([ids, torch.zeros(2, 3, dtype=torch.long)], 1)
+    mask_p = torch.cat([mask, torch.zeros(2, 3, dtype=torch.long)], 1)
+    intent_p, slots_p = m(ids_p, mask_p)
+    assert torch.allclose(intent, intent_p, atol=1e-5) and torch.allclose(slots, slots_p[:, :7], atol=1e-5)
+
+
+def test_intent_only_model_has_no_slot_head():
+    m = JointModel(ModelConfig(vocab_size=20, hidden=8, heads=[2], ffn=[16], head_dim=4, n_intents=4))
+    out = m(torch.ones(1, 5, dtype=torch.long), torch.ones(1, 5, dtype=torch.long))
+    assert len(out) == 1 and m.slot_head is None
+
+
+def test_load_pretrained_copies_every_encoder_weight(tiny_bert):
+    from safetensors import safe_open
+
+    m = load_pretrained(tiny_bert, n_intents=3, n_slots=4)
+    with safe_open(str(tiny_bert / "model.safetensors"), "pt") as f:
+        assert torch.equal(m.layers[1].fc2.weight, f.get_tensor("encoder.layer.1.output.dense.weight"))
+        assert torch.equal(m.type_emb, f.get_tensor("embeddings.token_type_embeddings.weight")[0])
+    assert count_params(m, embeddings=False) < count_params(m)
+
+
+def test_load_pretrained_rejects_incomplete_folder(tmp_path):
+    with pytest.raises(EdgekitError, match="config.json: missing"):
+        load_pretrained(tmp_path, 2, 0)
+
+
+def test_save_load_roundtrip(tmp_path):
+    m = JointModel(ModelConfig(vocab_size=20, hidden=8, heads=[2, 1], ffn=[16, 4], head_dim=4, n_intents=4,
+                               n_slots=3)).eval()
+    save_model(m, tmp_path / "m.safetensors")
+    m2 = load_model(tmp_path / "m.safetensors")
+    assert m2.cfg == m.cfg
+    x = torch.randint(0, 20, (1, 6))
+    assert torch.equal(m(x, torch.ones_like(x))[1], m2(x, torch.ones_like(x))[1])

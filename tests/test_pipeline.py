@@ -1,0 +1,117 @@
+"""A whole build on the demo data with a tiny random base model: contract of report, manifest and runtime."""
+
+import json
+
+import pytest
+
+from edgekit.pipeline import BuildConfig, build
+from edgekit.runtime import Package, Predictor
+from edgekit.training import TrainConfig
+
+from .conftest import DEMO
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_bert):
+    out = tmp_path_factory.mktemp("pkg")
+    cfg = BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert),
+                      train=TrainConfig(epochs=4, batch_size=16, lr=5e-3, head_lr=1e-2))
+    rep = build(cfg)
+    return out, rep
+
+
+def test_report_contract(built):
+    out, rep = built
+    on_disk = json.loads((out / "report.json").read_text())
+    assert on_disk["stages"] == rep["stages"]
+    assert [s["name"] for s in rep["stages"]] == ["teacher", "export", "package"]
+    for s in rep["stages"]:
+        assert {"name", "intent_acc", "slot_f1", "exact_match", "params", "size_bytes", "seconds"} <= s.keys()
+        assert 0 <= s["intent_acc"] <= 1 and s["slot_f1"] is not None
+    assert rep["task"] == "intent" and rep["target"] == "android"
+    assert set(rep["latency"]) == {"executorch", "onnx"}
+    assert all(v["threads"] == 1 and v["p50_ms"] > 0 for v in rep["latency"].values())
+    assert rep["package"]["size_bytes"] == sum(b for f, b in rep["package"]["files"].items() if f != "model.onnx")
+    # the tiny model learns the demo task well past chance (10 intents)
+    assert rep["stages"][0]["intent_acc"] > 0.5
+    assert "| teacher |" in (out / "report.md").read_text()
+
+
+def test_max_len_is_p99_rounded_to_8(built):
+    _, rep = built
+    lengths = rep["dataset"]["lengths"]
+    assert lengths["max_len"] % 8 == 0 and lengths["max_len"] >= lengths["p99"]
+
+
+def test_exported_artifacts_agree_with_eager(built):
+    _, rep = built
+    export = next(p for p in rep["passes"] if p["name"] == "export")
+    for rt in ("executorch", "onnx"):
+        assert export["extra"][rt]["extra"]["agreement_with_eager"] >= 0.995
+
+
+def test_manifest_and_both_runtimes_answer_the_same(built):
+    out, _ = built
+    pkg = Package.load(out)
+    assert pkg.manifest["profile"] == "android" and set(pkg.manifest["models"]) == {"executorch", "onnx"}
+    et, ox = Predictor.open(pkg, "executorch"), Predictor.open(pkg, "onnx")
+    for text in ["wake me up at 7 am tomorrow", "", "🎵 play 東京 by queen!", "text mom " + "very " * 200]:
+        a, b = et.predict(text), ox.predict(text)
+        assert a["intent"] == b["intent"] and a.get("tags") == b.get("tags")
+        assert set(a) >= {"intent", "confidence", "slots"} and 0 < a["confidence"] <= 1
+    assert et.predict("text mom " + "very " * 200)["truncated"]
+
+
+def test_corrupted_package_is_refused(built, tmp_path):
+    import shutil
+
+    from edgekit.runtime.package import PackageError
+
+    copy = tmp_path / "pkg"
+    shutil.copytree(built[0], copy)
+    (copy / "labels.json").write_text("{}")
+    with pytest.raises(PackageError, match="sha256"):
+        Package.load(copy)
+
+
+def test_eval_runs_the_package_and_compares_with_eager(built):
+    from edgekit.evaluate import evaluate_package
+
+    out, rep = built
+    res = evaluate_package(out, DEMO, "onnx")
+    assert res["n"] == rep["dataset"]["sizes"]["test"]
+    assert res["agreement_with_eager"] >= 0.995
+    assert res["intent_acc"] == pytest.approx(rep["stages"][0]["intent_acc"], abs=0.02)
+
+
+def test_resume_skips_completed_stages(built, tiny_bert, tmp_path):
+    import shutil
+
+    out = tmp_path / "resumed"
+    shutil.copytree(built[0], out)
+    state = json.loads((out / "checkpoints" / "state.json").read_text())
+    # pretend the build stopped after the teacher: resume must not retrain it
+    state["done"], state["rows"], state["records"] = state["done"][:1], state["rows"][:1], state["records"][:1]
+    (out / "checkpoints" / "state.json").write_text(json.dumps(state))
+    cfg = BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), resume=True,
+                      train=TrainConfig(epochs=1, lr=0.5, head_lr=0.5))  # would wreck the model if it ran
+    rep = build(cfg)
+    assert [s["name"] for s in rep["stages"]] == ["teacher", "export", "package"]
+    assert rep["stages"][0] == built[1]["stages"][0]
+    assert rep["stages"][2]["intent_acc"] == pytest.approx(built[1]["stages"][2]["intent_acc"])
+
+
+def test_intent_only_csv_build(tmp_path, tiny_bert):
+    rows = [json.loads(line) for line in DEMO.read_text().splitlines()]
+    csv = tmp_path / "intents.csv"
+    csv.write_text("query,intent\n" + "".join(f'"{r["text"]}",{r["intent"]}\n' for r in rows))
+    out = tmp_path / "pkg"
+    rep = build(BuildConfig(data=str(csv), out=str(out), base_model=str(tiny_bert),
+                            train=TrainConfig(epochs=1, steps_limit=3)))
+    assert rep["dataset"]["format"] == "csv" and rep["dataset"]["slot_tags"] == 0
+    assert all(s["slot_f1"] is None for s in rep["stages"])
+    pkg = Package.load(out)
+    assert pkg.manifest["outputs"] == ["intent_logits"]
+    for rt in ("executorch", "onnx"):
+        ans = Predictor.open(pkg, rt).predict("call mom")
+        assert ans["slots"] == [] and ans["intent"] in pkg.labels["intents"]
