@@ -138,8 +138,8 @@ class JointModel(nn.Module):
 
 
 def count_params(model: nn.Module, embeddings: bool = True) -> int:
-    """Parameter count; with embeddings=False the word/position embedding tables are left out."""
-    skip = set() if embeddings else {"word_emb.weight", "pos_emb.weight"}
+    """Parameter count; with embeddings=False the word, position and token-type embeddings are left out."""
+    skip = set() if embeddings else {"word_emb.weight", "pos_emb.weight", "type_emb"}
     return sum(p.numel() for n, p in model.named_parameters() if n not in skip)
 
 
@@ -251,3 +251,22 @@ def load_model(path: str | Path) -> JointModel:
         model = JointModel(cfg)
         model.load_state_dict({k: f.get_tensor(k) for k in f.keys()})
     return model.eval()
+
+
+def gather_embeddings(model: JointModel, rows: list[int] | torch.Tensor, max_positions: int | None = None) -> None:
+    """Replace the word embedding by rows[i] of the current one (new id i), and optionally cut the
+    position table to the positions a fixed-shape package can reach. In place."""
+    rows = torch.as_tensor(rows, dtype=torch.long)
+    old = model.word_emb.weight.data
+    model.word_emb = nn.Embedding(len(rows), old.shape[1])
+    model.word_emb.weight.data.copy_(old[rows])
+    model.cfg.vocab_size = len(rows)
+    if max_positions is not None and max_positions < model.cfg.max_positions:
+        pos = model.pos_emb.weight.data[:max_positions].clone()
+        model.pos_emb = nn.Embedding(max_positions, pos.shape[1])
+        model.pos_emb.weight.data.copy_(pos)
+        model.cfg.max_positions = max_positions
+
+
+def embedding_params(model: JointModel) -> int:
+    return model.word_emb.weight.numel() + model.pos_emb.weight.numel() + model.type_emb.numel()

@@ -19,13 +19,22 @@ from edgekit import __version__
 from edgekit.data import Dataset, load_dataset
 from edgekit.errors import EdgekitError
 from edgekit.io import write_json, write_text
-from edgekit.model import JointModel, count_params, default_base_model, load_model, load_pretrained, save_model
+from edgekit.model import (
+    JointModel,
+    count_params,
+    default_base_model,
+    gather_embeddings,
+    load_model,
+    load_pretrained,
+    save_model,
+)
 from edgekit.record import PassRecord
 from edgekit.report import render_markdown
 from edgekit.runtime.package import MANIFEST, SCHEMA_VERSION, Package, sha256
-from edgekit.runtime.tokenizer import WordPieceTokenizer
+from edgekit.runtime.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 from edgekit.targets import Target, load_target
 from edgekit.training import TrainConfig, agreement, labels_of, predict_eager, score, train_teacher
+from edgekit.vocab import from_wordpiece
 
 log = logging.getLogger("edgekit")
 
@@ -72,10 +81,11 @@ class Context:
     cfg: BuildConfig
     target: Target
     data: Dataset
-    tokenizer: WordPieceTokenizer
+    tokenizer: SentencePieceTokenizer
     out: Path
     max_len: int
     length_stats: dict
+    base_rows: list[int] = field(default_factory=list)  # base WordPiece row per teacher SentencePiece id
     model: JointModel | None = None
     records: list[dict] = field(default_factory=list)
     done: list[str] = field(default_factory=list)
@@ -103,6 +113,7 @@ def _base_model_dir(cfg: BuildConfig) -> Path:
 
 def stage_teacher(ctx: Context) -> tuple[dict, PassRecord]:
     model = load_pretrained(_base_model_dir(ctx.cfg), len(ctx.data.intents), len(ctx.data.slot_tags))
+    gather_embeddings(model, ctx.base_rows)  # WordPiece rows -> the teacher's SentencePiece ids
     model, rec = train_teacher(model, ctx.data, ctx.tokenizer, ctx.cfg.train)
     ctx.model = model
     save_model(model, ctx.ckpt_dir / "teacher.safetensors")
@@ -163,16 +174,18 @@ def stage_package(ctx: Context) -> tuple[dict, PassRecord]:
     from edgekit.runtime.predictor import Predictor
 
     t0 = time.perf_counter()
-    ctx.tokenizer.save(ctx.out / "vocab.txt")
+    ctx.tokenizer.save(ctx.out / "tokenizer.model")
     write_json(ctx.out / "labels.json", ctx.labels)
-    files = ["vocab.txt", "labels.json"] + [MODEL_FILES[r] for r in ctx.target.runtimes]
+    files = ["tokenizer.model", "labels.json"] + [MODEL_FILES[r] for r in ctx.target.runtimes]
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "created_by": f"edgekit {__version__}",
         "task": ctx.cfg.task,
         "profile": ctx.target.name,
         "max_len": ctx.max_len,
-        "tokenizer": {"type": "wordpiece", "file": "vocab.txt", "lowercase": ctx.tokenizer.lowercase},
+        # BERT's basic pre-tokenizer (clean, lowercase, strip accents, split punctuation) runs before SentencePiece.
+        "tokenizer": {"type": "sentencepiece", "file": "tokenizer.model", "pretokenizer": "bert_basic",
+                      "lowercase": ctx.tokenizer.lowercase, "vocab_size": ctx.tokenizer.vocab_size},
         "labels": "labels.json",
         "label_sets": {"intents": len(ctx.data.intents), "slot_tags": len(ctx.data.slot_tags)},
         "inputs": [{"name": "input_ids", "dtype": "int64", "shape": [1, ctx.max_len]},
@@ -230,13 +243,13 @@ def prepare(cfg: BuildConfig) -> Context:
     base = _base_model_dir(cfg)
     if not (base / "vocab.txt").is_file():
         raise EdgekitError(f"{base / 'vocab.txt'}: missing; the base model folder needs a WordPiece vocab.txt")
-    tokenizer = WordPieceTokenizer.from_file(base / "vocab.txt")
+    tokenizer, rows = from_wordpiece(WordPieceTokenizer.from_file(base / "vocab.txt").vocab)
     texts = [ex.text for s in ("train", "dev") for ex in data.splits[s]]
     hf = json.loads((base / "config.json").read_text()) if (base / "config.json").is_file() else {}
     max_len, stats = choose_max_len(tokenizer, texts, hf.get("max_position_embeddings", 512))
     if cfg.max_len:
         max_len = stats["max_len"] = cfg.max_len
-    return Context(cfg, target, data, tokenizer, Path(cfg.out), max_len, stats)
+    return Context(cfg, target, data, tokenizer, Path(cfg.out), max_len, stats, base_rows=rows)
 
 
 def build(cfg: BuildConfig, on_stage=None) -> dict:

@@ -11,13 +11,15 @@ import numpy as np
 from edgekit.runtime.backends import BACKENDS
 from edgekit.runtime.decode import decode
 from edgekit.runtime.package import Package
-from edgekit.runtime.tokenizer import Encoding, WordPieceTokenizer
+from edgekit.runtime.tokenizer import Encoding, SentencePieceTokenizer, WordPieceTokenizer
 
 log = logging.getLogger("edgekit.runtime")
 
 
 def load_tokenizer(pkg: Package):
     spec = pkg.manifest["tokenizer"]
+    if spec["type"] == "sentencepiece":
+        return SentencePieceTokenizer.from_file(pkg.root / spec["file"], lowercase=spec.get("lowercase", True))
     if spec["type"] == "wordpiece":
         return WordPieceTokenizer.from_file(pkg.root / spec["file"], lowercase=spec.get("lowercase", True))
     raise ValueError(f"unknown tokenizer type {spec['type']!r}")

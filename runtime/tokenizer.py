@@ -73,7 +73,42 @@ class Encoding:
     truncated: bool
 
 
-class WordPieceTokenizer:
+class Tokenizer:
+    """Shared encoding: subclasses map one whitespace word to piece ids (`word_ids`)."""
+
+    pad_id: int
+    unk_id: int
+    cls_id: int
+    sep_id: int
+
+    def word_ids(self, word: str) -> list[int]:
+        raise NotImplementedError
+
+    def encode(self, text: str, max_len: int) -> Encoding:
+        """[CLS] pieces [SEP], padded to max_len. Words past max_len are dropped (truncated=True)."""
+        words = split_words(text)
+        ids, word_index, kept, truncated = [self.cls_id], [-1], 0, False
+        for w, (word, _, _) in enumerate(words):
+            pieces = self.word_ids(word)
+            if len(ids) + len(pieces) > max_len - 1:
+                truncated = True
+                break
+            word_index += [w] + [-1] * (len(pieces) - 1)
+            ids += pieces
+            kept += 1
+        ids.append(self.sep_id)
+        word_index.append(-1)
+        n = len(ids)
+        pad = max_len - n
+        return Encoding(ids + [self.pad_id] * pad, [1] * n + [0] * pad, word_index + [-1] * pad, words, kept,
+                        truncated)
+
+    def length(self, text: str) -> int:
+        """Number of pieces including [CLS] and [SEP], untruncated."""
+        return 2 + sum(len(self.word_ids(w)) for w, _, _ in split_words(text))
+
+
+class WordPieceTokenizer(Tokenizer):
     """Greedy longest-match WordPiece over a BERT `vocab.txt`, with BERT's basic pre-tokenizer."""
 
     def __init__(self, vocab: list[str], lowercase: bool = True, max_chars_per_word: int = 100):
@@ -121,25 +156,51 @@ class WordPieceTokenizer:
         ids = [i for tok in basic_split(word, self.lowercase) for i in self._wordpiece(tok)]
         return ids or [self.unk_id]
 
-    def encode(self, text: str, max_len: int) -> Encoding:
-        """[CLS] pieces [SEP], padded to max_len. Words past max_len are dropped (truncated=True)."""
-        words = split_words(text)
-        ids, word_index, kept, truncated = [self.cls_id], [-1], 0, False
-        for w, (word, _, _) in enumerate(words):
-            pieces = self.word_ids(word)
-            if len(ids) + len(pieces) > max_len - 1:
-                truncated = True
-                break
-            word_index += [w] + [-1] * (len(pieces) - 1)
-            ids += pieces
-            kept += 1
-        ids.append(self.sep_id)
-        word_index.append(-1)
-        n = len(ids)
-        pad = max_len - n
-        return Encoding(ids + [self.pad_id] * pad, [1] * n + [0] * pad, word_index + [-1] * pad, words, kept,
-                        truncated)
 
-    def length(self, text: str) -> int:
-        """Number of pieces including [CLS] and [SEP], untruncated."""
-        return 2 + sum(len(self.word_ids(w)) for w, _, _ in split_words(text))
+WORD_START = "\u2581"  # SentencePiece's word-boundary mark
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A SentencePiece model behind BERT's basic pre-tokenizer.
+
+    Each whitespace word is cleaned, lowercased and split at punctuation as BERT does (pure Python, a few
+    lines in any app language); the pieces joined by spaces go through `SentencePieceProcessor.encode`,
+    the same library Android and iOS apps ship. Byte fallback means no input becomes a bare unknown.
+    """
+
+    def __init__(self, model_proto: bytes, lowercase: bool = True):
+        import sentencepiece as spm
+
+        self.model_proto = model_proto
+        self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        self.lowercase = lowercase
+        ids = {name: self.sp.piece_to_id(name) for name in ("<pad>", "<unk>", "[CLS]", "[SEP]")}
+        if len(set(ids.values())) != 4 or ids["<unk>"] != self.sp.unk_id():
+            raise ValueError("SentencePiece model lacks <pad>, <unk>, [CLS] or [SEP]")
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id = ids.values()
+        self._cache: dict[str, list[int]] = {}
+
+    @classmethod
+    def from_file(cls, path: str | Path, lowercase: bool = True) -> "SentencePieceTokenizer":
+        return cls(Path(path).read_bytes(), lowercase)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_bytes(self.model_proto)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def pieces(self, word: str) -> list[str]:
+        return [self.sp.id_to_piece(i) for i in self.word_ids(word)]
+
+    def word_ids(self, word: str) -> list[int]:
+        """Piece ids for one whitespace word; never empty (an all-control word becomes <unk>)."""
+        ids = self._cache.get(word)
+        if ids is None:
+            toks = basic_split(word, self.lowercase)
+            ids = self.sp.encode(" ".join(toks)) if toks else []
+            ids = ids or [self.unk_id]
+            if len(self._cache) < 100_000:
+                self._cache[word] = ids
+        return ids
