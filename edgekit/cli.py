@@ -51,6 +51,18 @@ def build(
     steps_limit: Optional[int] = typer.Option(None, help="Cap optimizer steps per epoch (quick runs)."),
     seed: int = typer.Option(0, help="Seed for splits, initialisation and shuffling."),
     resume: bool = typer.Option(False, help="Continue after the last completed stage in OUT/checkpoints."),
+    stages: Optional[str] = typer.Option(None, help="Comma-separated stages (default: the target's), e.g. "
+                                         "teacher,export,package to skip compression."),
+    vocab_budget: Optional[int] = typer.Option(None, help="Most vocabulary pieces (0: all task pieces)."),
+    vocab_corpus: Optional[Path] = typer.Option(None, help="Extra text (one utterance per line) whose pieces the "
+                                                "trimmed vocabulary keeps."),
+    param_share: Optional[float] = typer.Option(None, help="Non-embedding parameters kept by pruning, as a share "
+                                                "of the teacher's (android: 0.25)."),
+    prune_layers: Optional[int] = typer.Option(None, help="Whole layers removed by pruning (android: 2)."),
+    distill_epochs: Optional[int] = typer.Option(None, help="Distillation epochs."),
+    temperature: Optional[float] = typer.Option(None, help="Distillation temperature T."),
+    alpha: Optional[float] = typer.Option(None, help="Weight of the teacher's soft targets (1 - alpha: gold)."),
+    max_retries: Optional[int] = typer.Option(None, help="Gate back-offs before the build stops."),
 ):
     """Fine-tune a teacher, export it for the target's runtimes, and write a verified package."""
     from edgekit.pipeline import BuildConfig
@@ -66,7 +78,11 @@ def build(
         raise EdgekitError(str(e)) from None
     cfg = BuildConfig(data=str(data), out=str(out), task=task, target=target, format=format,
                       base_model=str(base_model) if base_model else None, seed=seed, resume=resume,
-                      max_len=max_len, train=train)
+                      max_len=max_len, train=train, stages=stages.split(",") if stages else None,
+                      vocab_corpus=str(vocab_corpus) if vocab_corpus else None,
+                      compress={"vocab_budget": vocab_budget, "param_share": param_share, "prune_layers": prune_layers,
+                                "distill_epochs": distill_epochs,
+                                "temperature": temperature, "alpha": alpha, "max_retries": max_retries})
 
     def show(name, row):
         figs = ", ".join(f"{k} {row[k]:.4f}" for k in ("intent_acc", "slot_f1", "exact_match", "in_scope_acc",

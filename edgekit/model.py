@@ -58,8 +58,6 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        if self.heads == 0:  # a fully pruned attention block adds nothing to the residual
-            return torch.zeros_like(x)
 
         def split(t):  # (B, T, nh*hd) -> (B, nh, T, hd)
             return t.view(B, T, self.heads, self.head_dim).transpose(1, 2)
@@ -73,19 +71,24 @@ class Attention(nn.Module):
 
 
 class Layer(nn.Module):
+    """Post-LayerNorm block, as in BERT. A block pruned to 0 heads (or 0 FFN channels) has no such sub-module."""
+
     def __init__(self, cfg: ModelConfig, i: int):
         super().__init__()
-        self.attn = Attention(cfg.hidden, cfg.heads[i], cfg.head_dim, cfg.dropout)
+        self.attn = Attention(cfg.hidden, cfg.heads[i], cfg.head_dim, cfg.dropout) if cfg.heads[i] else None
         self.ln1 = nn.LayerNorm(cfg.hidden, eps=cfg.eps)
-        self.fc1 = nn.Linear(cfg.hidden, cfg.ffn[i])
-        self.fc2 = nn.Linear(cfg.ffn[i], cfg.hidden)
+        self.fc1 = nn.Linear(cfg.hidden, cfg.ffn[i]) if cfg.ffn[i] else None
+        self.fc2 = nn.Linear(cfg.ffn[i], cfg.hidden) if cfg.ffn[i] else None
         self.ln2 = nn.LayerNorm(cfg.hidden, eps=cfg.eps)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        # Post-LayerNorm, as in BERT.
-        x = self.ln1(x + self.drop(self.attn(x, bias)))
-        return self.ln2(x + self.drop(self.fc2(F.gelu(self.fc1(x)))))
+        if self.attn is not None:
+            x = x + self.drop(self.attn(x, bias))
+        x = self.ln1(x)
+        if self.fc1 is not None:
+            x = x + self.drop(self.fc2(F.gelu(self.fc1(x))))
+        return self.ln2(x)
 
 
 class JointModel(nn.Module):

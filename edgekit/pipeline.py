@@ -5,9 +5,11 @@ Stages (this version): teacher -> export -> package. Later passes slot in betwee
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
+import random
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -18,27 +20,42 @@ import numpy as np
 from edgekit import __version__
 from edgekit.data import Dataset, load_dataset
 from edgekit.errors import EdgekitError
-from edgekit.io import write_json, write_text
+from edgekit.io import write_bytes, write_json, write_text
 from edgekit.model import (
     JointModel,
     count_params,
     default_base_model,
+    embedding_params,
     gather_embeddings,
     load_model,
     load_pretrained,
     save_model,
 )
+from edgekit.perf import tune_allocator
 from edgekit.record import PassRecord
 from edgekit.report import render_markdown
 from edgekit.runtime.package import MANIFEST, SCHEMA_VERSION, Package, sha256
 from edgekit.runtime.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 from edgekit.targets import Target, load_target
-from edgekit.training import TrainConfig, agreement, labels_of, predict_eager, score, train_teacher
+from edgekit.training import (
+    TrainConfig,
+    agreement,
+    collate,
+    featurize,
+    joint_loss,
+    labels_of,
+    predict_eager,
+    score,
+    train_teacher,
+)
 from edgekit.vocab import from_wordpiece
 
 log = logging.getLogger("edgekit")
 
-STAGES = ("teacher", "export", "package")
+STAGES = ("teacher", "trim_vocab", "prune", "distill", "export", "package")  # all known stages, in order
+COMPRESS_DEFAULTS = {"vocab_budget": None, "param_share": 0.25, "total_share": 1.0, "max_retries": 2, "backoff": 1.2,
+                     "distill_epochs": 6, "distill_lr": 3e-4, "temperature": 4.0, "alpha": 0.7, "prune_samples": 512,
+                     "prune_layers": 0}
 MODEL_FILES = {"executorch": "model.pte", "onnx": "model.onnx"}
 CHECKPOINTS = "checkpoints"
 STATE = "state.json"
@@ -59,10 +76,27 @@ class BuildConfig:
     max_len: int | None = None  # default: p99 of piece lengths on train+dev, rounded up to a multiple of 8
     bench_utterances: int = 200
     train: TrainConfig = field(default_factory=TrainConfig)
+    stages: list[str] | None = None  # default: the target profile's list
+    vocab_corpus: str | None = None  # extra text, one utterance per line, whose pieces the vocabulary keeps
+    # Overrides of the profile's [compress] table, e.g. {"vocab_budget": 0 (no budget), "param_share": 0.3,
+    # "total_share", "distill_epochs", "distill_lr", "temperature", "alpha", "max_retries", "backoff"}.
+    compress: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.task != "intent":
             raise EdgekitError(f"unknown --task {self.task!r}; supported: intent")
+        if self.stages is not None:
+            unknown = [s for s in self.stages if s not in STAGES]
+            if unknown:
+                raise EdgekitError(f"unknown stage {unknown[0]!r}; stages: {', '.join(STAGES)}")
+            if self.stages[0] != "teacher" or self.stages[-2:] != ["export", "package"]:
+                raise EdgekitError("stages must start with teacher and end with export, package")
+        unknown = set(self.compress) - set(COMPRESS_DEFAULTS)
+        if unknown:
+            raise EdgekitError(f"unknown compression setting {sorted(unknown)[0]!r}")
+        share = self.compress.get("param_share")
+        if share is not None and not 0 < share <= 1:
+            raise EdgekitError(f"--param-share must be in (0, 1], got {share}")
         if self.max_len is not None and not 8 <= self.max_len <= 512:
             raise EdgekitError(f"--max-len must be in 8..512, got {self.max_len}")
 
@@ -87,6 +121,15 @@ class Context:
     length_stats: dict
     base_rows: list[int] = field(default_factory=list)  # base WordPiece row per teacher SentencePiece id
     model: JointModel | None = None
+    teacher: JointModel | None = None
+    teacher_tokenizer: SentencePieceTokenizer | None = None
+    teacher_dev: dict = field(default_factory=dict)
+    compress: dict = field(default_factory=dict)  # the profile's [compress] table with CLI overrides applied
+    prune_scale: float = 1.0  # grows when the distill gate backs off (prune less)
+    stages: list[str] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)
+    checkpoint: dict = field(default_factory=dict)  # latest {"model": file, "tokenizer": file} in checkpoints/
+    cache: dict = field(default_factory=dict)  # in-memory only: teacher answers, the pre-prune model
     records: list[dict] = field(default_factory=list)
     done: list[str] = field(default_factory=list)
     latency: dict = field(default_factory=dict)
@@ -106,6 +149,24 @@ class Context:
         row.update(params=params, size_bytes=size_bytes, seconds=round(seconds, 2))
         return row
 
+    def set_row(self, row: dict, rec: PassRecord) -> None:
+        """Add a stage's row and record, replacing an earlier one of the same stage (a retried stage)."""
+        for lst, item in ((self.rows, row), (self.records, rec.to_dict())):
+            names = [x["name"] for x in lst]
+            if item["name"] in names:
+                lst[names.index(item["name"])] = item
+            else:
+                lst.append(item)
+
+    def evaluate(self, model: JointModel, tokenizer, split: str) -> dict:
+        examples = self.data.splits[split]
+        return score(examples, predict_eager(model, examples, tokenizer, self.labels, self.max_len), self.labels)
+
+    def save_checkpoint(self, stage: str) -> None:
+        save_model(self.model, self.ckpt_dir / f"{stage}.safetensors")
+        write_bytes(self.ckpt_dir / f"{stage}.tokenizer.model", self.tokenizer.model_proto)
+        self.checkpoint = {"model": f"{stage}.safetensors", "tokenizer": f"{stage}.tokenizer.model"}
+
 
 def _base_model_dir(cfg: BuildConfig) -> Path:
     return Path(cfg.base_model) if cfg.base_model else default_base_model()
@@ -115,11 +176,12 @@ def stage_teacher(ctx: Context) -> tuple[dict, PassRecord]:
     model = load_pretrained(_base_model_dir(ctx.cfg), len(ctx.data.intents), len(ctx.data.slot_tags))
     gather_embeddings(model, ctx.base_rows)  # WordPiece rows -> the teacher's SentencePiece ids
     model, rec = train_teacher(model, ctx.data, ctx.tokenizer, ctx.cfg.train)
-    ctx.model = model
-    save_model(model, ctx.ckpt_dir / "teacher.safetensors")
+    ctx.model, ctx.teacher, ctx.teacher_tokenizer = model, model, ctx.tokenizer
+    ctx.save_checkpoint("teacher")
     t1 = time.perf_counter()
-    test = ctx.data.splits["test"]
-    rec.metrics = score(test, predict_eager(model, test, ctx.tokenizer, ctx.labels, ctx.max_len), ctx.labels)
+    rec.metrics = ctx.evaluate(model, ctx.tokenizer, "test")
+    ctx.teacher_dev = ctx.evaluate(model, ctx.tokenizer, "dev")
+    rec.extra["dev"] = ctx.teacher_dev
     rec.seconds += time.perf_counter() - t1
     return ctx.stage_row("teacher", rec.metrics, count_params(model), rec.bytes_after, rec.seconds), rec
 
@@ -152,7 +214,8 @@ def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
     rec = PassRecord("export", params_before=count_params(ctx.model), params_after=count_params(ctx.model))
     for runtime in ctx.target.runtimes:
         fn, ecfg = exporters[runtime]
-        path = ctx.out / MODEL_FILES[runtime]
+        # Staged under checkpoints/: the package in OUT/ changes only when the package stage completes.
+        path = ctx.ckpt_dir / MODEL_FILES[runtime]
         r = fn(ctx.model, ecfg, path, checks)
         answers = _runtime_answers(ctx, runtime, path)
         r.metrics = score(test, answers, ctx.labels)
@@ -174,6 +237,8 @@ def stage_package(ctx: Context) -> tuple[dict, PassRecord]:
     from edgekit.runtime.predictor import Predictor
 
     t0 = time.perf_counter()
+    for runtime in ctx.target.runtimes:
+        write_bytes(ctx.out / MODEL_FILES[runtime], (ctx.ckpt_dir / MODEL_FILES[runtime]).read_bytes())
     ctx.tokenizer.save(ctx.out / "tokenizer.model")
     write_json(ctx.out / "labels.json", ctx.labels)
     files = ["tokenizer.model", "labels.json"] + [MODEL_FILES[r] for r in ctx.target.runtimes]
@@ -220,20 +285,200 @@ def stage_package(ctx: Context) -> tuple[dict, PassRecord]:
     return row, rec
 
 
-STAGE_FUNCS = {"teacher": stage_teacher, "export": stage_export, "package": stage_package}
+def gate(ctx: Context, dev: dict) -> tuple[bool, dict]:
+    """Compare dev metrics with the teacher's against the profile's budget (points on a 0-100 scale)."""
+    budget = ctx.target.budget
+    drops = {"intent_drop_pts": 100 * (ctx.teacher_dev["intent_acc"] - dev["intent_acc"])}
+    if dev.get("slot_f1") is not None:
+        drops["slot_f1_drop_pts"] = 100 * (ctx.teacher_dev["slot_f1"] - dev["slot_f1"])
+    ok = all(v <= budget.get(k, math.inf) + 1e-9 for k, v in drops.items())
+    return ok, {k: round(v, 3) for k, v in drops.items()}
 
 
-def report(ctx: Context, rows: list[dict]) -> dict:
+def gate_failure(stage: str, ctx: Context, tries: list[dict]) -> EdgekitError:
+    best = min(tries, key=lambda t: sum(t["drops"].values()))
+    budget = ", ".join(f"{k} <= {v}" for k, v in ctx.target.budget.items())
+    figs = ", ".join(f"{k} {v}" for k, v in best["drops"].items())
+    return EdgekitError(f"stage {stage}: dev accuracy budget ({budget}) not met in {len(tries)} tries; best reached "
+                        f"{figs} ({best['setting']}). Nothing in {ctx.out} was changed by this stage; loosen the "
+                        f"budget in devices/{ctx.target.name}.toml or compress less")
+
+
+def _corpus(ctx: Context) -> list[str]:
+    texts = [ex.text for s in ("train", "dev") for ex in ctx.data.splits[s]]
+    if ctx.cfg.vocab_corpus:
+        path = Path(ctx.cfg.vocab_corpus)
+        if not path.is_file():
+            raise EdgekitError(f"{path}: --vocab-corpus file not found")
+        texts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return texts
+
+
+def _teacher_test_answers(ctx: Context) -> list[dict]:
+    if "teacher_test" not in ctx.cache:
+        test = ctx.data.splits["test"]
+        ctx.cache["teacher_test"] = predict_eager(ctx.teacher, test, ctx.teacher_tokenizer, ctx.labels, ctx.max_len)
+    return ctx.cache["teacher_test"]
+
+
+def stage_trim_vocab(ctx: Context) -> tuple[dict, PassRecord]:
+    """Task vocabulary as SentencePiece; gate on dev; back off by a larger vocabulary budget."""
+    from edgekit.converters.trim_vocab import TrimVocabConfig, trim_vocab
+
+    t0 = time.perf_counter()
+    corpus = _corpus(ctx)
+    budget = ctx.compress.get("vocab_budget") or None
+    tries = []
+    for attempt in range(ctx.compress["max_retries"] + 1):
+        model, rec = trim_vocab(copy.deepcopy(ctx.model), TrimVocabConfig(ctx.tokenizer, corpus, budget, ctx.max_len))
+        tok = rec.artifacts["tokenizer"]
+        dev = ctx.evaluate(model, tok, "dev")
+        ok, drops = gate(ctx, dev)
+        tries.append({"setting": f"vocabulary budget {budget or 'none'}", "dev": dev, "drops": drops, "passed": ok})
+        log.info("trim_vocab try %d: %d pieces, dev drops %s -> %s", attempt + 1, tok.vocab_size, drops,
+                 "pass" if ok else "back off")
+        if ok:
+            break
+        if budget is None:
+            break
+        budget = int(budget * 1.25) if budget * 1.25 < rec.extra["vocab_task"] else None
+    if not tries[-1]["passed"]:
+        raise gate_failure("trim_vocab", ctx, tries)
+    rec.metrics = ctx.evaluate(model, tok, "test")
+    answers = predict_eager(model, ctx.data.splits["test"], tok, ctx.labels, ctx.max_len)
+    teacher = _teacher_test_answers(ctx)
+    rec.extra["intent_agreement_with_teacher"] = sum(a["intent"] == b["intent"] for a, b in zip(answers, teacher)) / len(
+        answers)
+    if budget is not None:  # the accuracy cost of the budget: the same trim at the full task vocabulary
+        full, frec = trim_vocab(copy.deepcopy(ctx.model), TrimVocabConfig(ctx.tokenizer, corpus, None, ctx.max_len))
+        rec.extra["full_vocab"] = {"vocab": frec.extra["vocab_after"], "params": frec.params_after,
+                                   "test": ctx.evaluate(full, frec.artifacts["tokenizer"], "test")}
+    rec.extra["tries"] = tries
+    ctx.model, ctx.tokenizer = model, tok
+    ctx.save_checkpoint("trim_vocab")
+    rec.seconds = time.perf_counter() - t0
+    return ctx.stage_row("trim_vocab", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds), rec
+
+
+def prune_target(ctx: Context) -> int:
+    """Non-embedding parameters the student may keep: the profile's share of the teacher's, and no more than
+    the total-size share leaves after the (trimmed) embeddings; scaled up when the distill gate backs off."""
+    share, total_share = ctx.compress["param_share"], ctx.compress.get("total_share", 1.0)
+    by_nonembed = share * count_params(ctx.teacher, embeddings=False)
+    by_total = total_share * count_params(ctx.teacher) - embedding_params(ctx.model)
+    return int(min(by_nonembed, by_total) * ctx.prune_scale)
+
+
+def stage_prune(ctx: Context) -> tuple[dict, PassRecord]:
+    from edgekit.converters.prune import PruneConfig, prune
+
+    t0 = time.perf_counter()
+    base = ctx.cache.setdefault("pre_prune", ctx.model)
+    train = ctx.data.splits["train"]
+    rng = random.Random(ctx.cfg.seed)
+    sample = rng.sample(train, min(len(train), ctx.compress.get("prune_samples", 512)))
+    # The student's position table is cut to the package length (trim_vocab): it trains on what it will see.
+    feats = featurize(sample, ctx.tokenizer, ctx.labels, ctx.max_len)
+    batches = [collate(feats, list(range(i, min(i + 32, len(sample)))), ctx.tokenizer.pad_id)
+               for i in range(0, len(sample), 32)]
+    cfg = PruneConfig(target_params=prune_target(ctx), batches=batches, drop_layers=ctx.compress["prune_layers"],
+                      loss_fn=lambda out, i, s: joint_loss(out, i, s, 1.0))
+    model, rec = prune(copy.deepcopy(base), cfg)
+    rec.metrics = ctx.evaluate(model, ctx.tokenizer, "test")
+    rec.extra["dev"] = ctx.evaluate(model, ctx.tokenizer, "dev")
+    rec.extra["note"] = "before distillation; the accuracy gate for pruning runs after the distill stage"
+    ctx.model = model
+    ctx.save_checkpoint("prune")
+    rec.seconds = time.perf_counter() - t0
+    return ctx.stage_row("prune", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds), rec
+
+
+def stage_distill(ctx: Context) -> tuple[dict, PassRecord]:
+    """Distil into the pruned student; gate on dev; back off by pruning less and distilling again."""
+    from edgekit.converters.distill import DistillConfig, distill
+
+    t0 = time.perf_counter()
+    c = ctx.compress
+    tries = []
+    for attempt in range(c["max_retries"] + 1):
+        cfg = DistillConfig(teacher=ctx.teacher, teacher_tokenizer=ctx.teacher_tokenizer,
+                            student_tokenizer=ctx.tokenizer, train=ctx.data.splits["train"],
+                            dev=ctx.data.splits["dev"], labels=ctx.labels, temperature=c["temperature"],
+                            alpha=c["alpha"], epochs=c["distill_epochs"], lr=c["distill_lr"], seed=ctx.cfg.seed,
+                            max_len=ctx.max_len,
+                            steps_limit=ctx.cfg.train.steps_limit)
+        model, rec = distill(copy.deepcopy(ctx.model), cfg)
+        dev = ctx.evaluate(model, ctx.tokenizer, "dev")
+        ok, drops = gate(ctx, dev)
+        nonemb = count_params(model, embeddings=False)
+        tries.append({"setting": f"prune target x{ctx.prune_scale:.2f}, {nonemb:,} non-embedding params",
+                      "dev": dev, "drops": drops, "passed": ok})
+        log.info("distill try %d: dev drops %s -> %s", attempt + 1, drops, "pass" if ok else "back off")
+        if ok or attempt == c["max_retries"]:
+            break
+        ctx.prune_scale *= c.get("backoff", 1.2)
+        ctx.set_row(*stage_prune(ctx))  # prune less, from the same trimmed model
+    if not tries[-1]["passed"]:
+        raise gate_failure("distill", ctx, tries)
+    rec.metrics = ctx.evaluate(model, ctx.tokenizer, "test")
+    rec.extra.update(tries=tries, nonembedding_params=count_params(model, embeddings=False),
+                     share_of_teacher_nonembedding=count_params(model, embeddings=False)
+                     / count_params(ctx.teacher, embeddings=False),
+                     share_of_teacher_total=count_params(model) / count_params(ctx.teacher))
+    ctx.model = model
+    ctx.save_checkpoint("distill")
+    rec.seconds = time.perf_counter() - t0
+    return ctx.stage_row("distill", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds), rec
+
+
+STAGE_FUNCS = {"teacher": stage_teacher, "trim_vocab": stage_trim_vocab, "prune": stage_prune,
+               "distill": stage_distill, "export": stage_export, "package": stage_package}
+
+
+def report(ctx: Context) -> dict:
     return {"edgekit": __version__, "task": ctx.cfg.task, "target": ctx.target.name,
-            "dataset": {**ctx.data.summary(), "lengths": ctx.length_stats}, "stages": rows,
-            "package": ctx.package, "latency": ctx.latency,
+            "dataset": {**ctx.data.summary(), "lengths": ctx.length_stats}, "stages": ctx.rows,
+            "package": ctx.package, "latency": ctx.latency, "compress": ctx.compress or None,
+            "budget": ctx.target.budget,
             "passes": ctx.records}
 
 
-def _save_state(ctx: Context, rows: list[dict]) -> None:
-    write_json(ctx.ckpt_dir / STATE, {"done": ctx.done, "rows": rows, "records": ctx.records,
-                                      "latency": ctx.latency, "package": ctx.package, "max_len": ctx.max_len,
-                                      "model": "teacher.safetensors", "data": ctx.cfg.data})
+def _save_state(ctx: Context) -> None:
+    write_json(ctx.ckpt_dir / STATE, {
+        "done": ctx.done, "rows": ctx.rows, "records": ctx.records, "latency": ctx.latency, "package": ctx.package,
+        "max_len": ctx.max_len, "data": ctx.cfg.data, "teacher_dev": ctx.teacher_dev,
+        "prune_scale": ctx.prune_scale, **ctx.checkpoint})
+
+
+def _restore(ctx: Context, state: dict) -> None:
+    """Take back the stages that completed in the order this build runs them, and the latest model."""
+    done = []
+    for name in ctx.stages:
+        if name not in state["done"]:
+            break
+        done.append(name)
+    ctx.done = done
+    ctx.rows = [r for r in state["rows"] if r["name"] in done]
+    ctx.records = [r for r in state["records"] if r["name"] in done]
+    ctx.latency, ctx.package = (state.get("latency", {}), state.get("package", {})) if "package" in done else ({}, {})
+    ctx.teacher_dev, ctx.prune_scale = state.get("teacher_dev", {}), state.get("prune_scale", 1.0)
+    if done:
+        ctx.teacher = load_model(ctx.ckpt_dir / "teacher.safetensors")
+        ctx.teacher_tokenizer = SentencePieceTokenizer.from_file(ctx.ckpt_dir / "teacher.tokenizer.model")
+        last = [n for n in done if (ctx.ckpt_dir / f"{n}.safetensors").is_file()][-1]
+        ctx.model = load_model(ctx.ckpt_dir / f"{last}.safetensors")
+        ctx.tokenizer = SentencePieceTokenizer.from_file(ctx.ckpt_dir / f"{last}.tokenizer.model")
+        ctx.checkpoint = {"model": f"{last}.safetensors", "tokenizer": f"{last}.tokenizer.model"}
+        if not ctx.teacher_dev:
+            ctx.teacher_dev = ctx.evaluate(ctx.teacher, ctx.teacher_tokenizer, "dev")
+
+
+def compress_settings(cfg: BuildConfig, target: Target) -> dict:
+    """Defaults, then the profile's [compress] table, then the build's overrides."""
+    c = {**COMPRESS_DEFAULTS, **target.compress, **{k: v for k, v in cfg.compress.items() if v is not None}}
+    if c["vocab_budget"] == 0:
+        c["vocab_budget"] = None
+    return c
 
 
 def prepare(cfg: BuildConfig) -> Context:
@@ -243,49 +488,49 @@ def prepare(cfg: BuildConfig) -> Context:
     base = _base_model_dir(cfg)
     if not (base / "vocab.txt").is_file():
         raise EdgekitError(f"{base / 'vocab.txt'}: missing; the base model folder needs a WordPiece vocab.txt")
+    if cfg.vocab_corpus and not Path(cfg.vocab_corpus).is_file():
+        raise EdgekitError(f"{cfg.vocab_corpus}: --vocab-corpus file not found")
     tokenizer, rows = from_wordpiece(WordPieceTokenizer.from_file(base / "vocab.txt").vocab)
     texts = [ex.text for s in ("train", "dev") for ex in data.splits[s]]
     hf = json.loads((base / "config.json").read_text()) if (base / "config.json").is_file() else {}
     max_len, stats = choose_max_len(tokenizer, texts, hf.get("max_position_embeddings", 512))
     if cfg.max_len:
         max_len = stats["max_len"] = cfg.max_len
-    return Context(cfg, target, data, tokenizer, Path(cfg.out), max_len, stats, base_rows=rows)
+    stages = list(cfg.stages or target.stages)
+    ctx = Context(cfg, target, data, tokenizer, Path(cfg.out), max_len, stats, base_rows=rows, stages=stages)
+    if any(s in stages for s in ("trim_vocab", "prune", "distill")):
+        ctx.compress = compress_settings(cfg, target)
+    return ctx
 
 
 def build(cfg: BuildConfig, on_stage=None) -> dict:
     """Run the stages; returns report.json's content. `on_stage(name, row)` is called after each stage."""
     from edgekit.runtime.backends import set_threads
 
+    tune_allocator()
     ctx = prepare(cfg)
     ctx.out.mkdir(parents=True, exist_ok=True)
     # XNNPACK's pool size can only be set before the first program loads; latency is measured on it.
     set_threads(ctx.target.bench_threads)
-    rows: list[dict] = []
     state_file = ctx.ckpt_dir / STATE
     if cfg.resume and state_file.is_file():
         state = json.loads(state_file.read_text())
         if state.get("max_len") != ctx.max_len:
             raise EdgekitError(f"{state_file}: built with max_len {state.get('max_len')}, now {ctx.max_len}; "
                                "rerun without --resume")
-        ctx.done, rows, ctx.records = state["done"], state["rows"], state["records"]
-        ctx.latency, ctx.package = state.get("latency", {}), state.get("package", {})
-        if ctx.done:
-            ctx.model = load_model(ctx.ckpt_dir / state["model"])
+        _restore(ctx, state)
         log.info("resuming after stages: %s", ", ".join(ctx.done) or "none")
-    elif not cfg.resume and ctx.ckpt_dir.exists():
+    elif ctx.ckpt_dir.exists():
         shutil.rmtree(ctx.ckpt_dir)
-    for name in STAGES:
-        if name in ctx.done:
-            continue
+    for name in ctx.stages[len(ctx.done):]:  # after the stages that completed in order, everything runs again
         log.info("stage %s", name)
         row, rec = STAGE_FUNCS[name](ctx)
-        rows.append(row)
-        ctx.records.append(rec.to_dict())
+        ctx.set_row(row, rec)
         ctx.done.append(name)
-        _save_state(ctx, rows)
-        rep = report(ctx, rows)
+        _save_state(ctx)
+        rep = report(ctx)
         write_json(ctx.out / "report.json", rep)
         write_text(ctx.out / "report.md", render_markdown(rep))
         if on_stage:
             on_stage(name, row)
-    return report(ctx, rows)
+    return report(ctx)

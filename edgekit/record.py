@@ -16,6 +16,9 @@ class PassRecord:
     metrics: dict = field(default_factory=dict)  # test-split metrics of the stage's output
     warnings: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)  # pass-specific figures (parity, training curve, ...)
+    artifacts: dict = field(default_factory=dict, repr=False)  # in-memory outputs (e.g. a tokenizer), not reported
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("artifacts")
+        return d

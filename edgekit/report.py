@@ -35,6 +35,7 @@ def render_markdown(rep: dict) -> str:
                      f"{_pct(r.get('exact_match'))} |"
                      + (f" {_pct(r.get('in_scope_acc'))} | {_pct(r.get('oos_recall'))} |" if oos else "")
                      + f" {r['params']:,} | {_size(r['size_bytes'])} | {r['seconds']:.1f} |")
+    lines += _compression(rep)
     export = next((p for p in rep.get("passes", []) if p["name"] == "export"), None)
     if export:
         lines += ["", "## Exported artifacts against eager (test split)", "",
@@ -64,3 +65,58 @@ def render_markdown(rep: dict) -> str:
     if warns:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in warns]
     return "\n".join(lines) + "\n"
+
+
+def _tries(p: dict) -> list[str]:
+    out = []
+    for k, t in enumerate(p["extra"].get("tries", []), 1):
+        drops = ", ".join(f"{k2} {v:.2f}" for k2, v in t["drops"].items())
+        out.append(f"  - try {k}: {t['setting']}: dev drop {drops} → {'pass' if t['passed'] else 'back off'}")
+    return out
+
+
+def _compression(rep: dict) -> list[str]:
+    passes = {p["name"]: p for p in rep.get("passes", [])}
+    if not any(n in passes for n in ("trim_vocab", "prune", "distill")):
+        return []
+    teacher = passes.get("teacher")
+    lines = ["", "## Compression", ""]
+    if rep.get("compress"):
+        c = rep["compress"]
+        lines.append(f"Profile settings: vocabulary budget {c.get('vocab_budget') or 'none'}, parameter share "
+                     f"{c.get('param_share')} (non-embedding) / {c.get('total_share')} (total), distillation "
+                     f"T = {c.get('temperature')}, α = {c.get('alpha')}, {c.get('distill_epochs')} epochs; "
+                     f"accuracy budget against the teacher on dev: {rep.get('budget', {})}.")
+        lines.append("")
+    if "trim_vocab" in passes:
+        e = passes["trim_vocab"]["extra"]
+        lines.append(f"- **trim_vocab**: {e['vocab_before']:,} → {e['vocab_after']:,} pieces (task vocabulary "
+                     f"{e['vocab_task']:,}, budget {e['budget'] or 'none'}); word embedding "
+                     f"{_size(e['embedding_bytes_before'])} → {_size(e['embedding_bytes_after'])}. Tokenization "
+                     f"equal to the teacher's on {_pct(e['tokenization_agreement_full'])}% of task utterances at "
+                     f"the full task vocabulary"
+                     + (f", {_pct(e['tokenization_agreement_budget'])}% under the budget" if e["budget"] else "")
+                     + f". Test intent agreement with the teacher: {_pct(e.get('intent_agreement_with_teacher'))}%.")
+        if e.get("full_vocab"):
+            fv, bt = e["full_vocab"]["test"], passes["trim_vocab"]["metrics"]
+            lines.append(f"  - cost of the budget (test): full task vocabulary ({e['full_vocab']['vocab']:,} pieces, "
+                         f"{e['full_vocab']['params']:,} params) intent {_pct(fv['intent_acc'])} / slot F1 "
+                         f"{_pct(fv.get('slot_f1'))}; budgeted ({e['vocab_after']:,} pieces) intent "
+                         f"{_pct(bt['intent_acc'])} / slot F1 {_pct(bt.get('slot_f1'))}.")
+        lines += _tries(passes["trim_vocab"])
+    if "prune" in passes:
+        e = passes["prune"]["extra"]
+        lines.append(f"- **prune**: non-embedding parameters {e['nonembedding_before']:,} → "
+                     f"{e['nonembedding_after']:,} (target {e['target_params']:,}); layers {e['layers_before']} → "
+                     f"{e['layers_after']} (kept {e['kept_layers']}); heads per layer {e['heads']}; FFN channels "
+                     f"per layer {e['ffn']}. Dev before distillation: intent {_pct(e['dev']['intent_acc'])}, slot F1 "
+                     f"{_pct(e['dev'].get('slot_f1'))}.")
+    if "distill" in passes:
+        e = passes["distill"]["extra"]
+        lines.append(f"- **distill**: best epoch {e.get('best_epoch')} of {e['epochs']}; student non-embedding "
+                     f"parameters {_pct(e['share_of_teacher_nonembedding'])}% of the teacher's, all parameters "
+                     f"{_pct(e['share_of_teacher_total'])}%"
+                     + (f" ({passes['distill']['params_after']:,} of {teacher['params_after']:,})" if teacher else "")
+                     + ".")
+        lines += _tries(passes["distill"])
+    return lines

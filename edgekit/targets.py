@@ -5,6 +5,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 
 from edgekit.errors import EdgekitError
 
@@ -16,7 +17,9 @@ class Target:
     runtimes: list[str]
     primary_runtime: str
     bench_threads: int = 1
-    budget: dict = field(default_factory=dict)
+    stages: list[str] = field(default_factory=lambda: ["teacher", "export", "package"])
+    budget: dict = field(default_factory=dict)  # accuracy drop allowed against the teacher on dev, in points
+    compress: dict = field(default_factory=dict)  # vocabulary and parameter budgets, distillation settings
 
 
 def available() -> list[str]:
@@ -24,12 +27,22 @@ def available() -> list[str]:
 
 
 def load_target(name: str) -> Target:
-    """The profile `devices/<name>.toml`; an unknown name is an EdgekitError listing the known ones."""
-    f = resources.files("edgekit.devices").joinpath(f"{name}.toml")
-    if not f.is_file():
-        raise EdgekitError(f"unknown --target {name!r}; known targets: {', '.join(available())}")
+    """The profile `devices/<name>.toml`, or a user's own profile given as a path to a .toml file."""
+    if name.endswith(".toml"):
+        path = Path(name)
+        if not path.is_file():
+            raise EdgekitError(f"{name}: target profile file not found")
+        text, where = path.read_text(encoding="utf-8"), name
+    else:
+        f = resources.files("edgekit.devices").joinpath(f"{name}.toml")
+        if not f.is_file():
+            raise EdgekitError(f"unknown --target {name!r}; known targets: {', '.join(available())} "
+                               "(or a path to a .toml profile)")
+        text, where = f.read_text(encoding="utf-8"), f"devices/{name}.toml"
     try:
-        data = tomllib.loads(f.read_text(encoding="utf-8"))
+        data = tomllib.loads(text)
+        return Target(**data)
     except tomllib.TOMLDecodeError as e:
-        raise EdgekitError(f"devices/{name}.toml: {e}") from None
-    return Target(**data)
+        raise EdgekitError(f"{where}: {e}") from None
+    except TypeError as e:
+        raise EdgekitError(f"{where}: {e}") from None

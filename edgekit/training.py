@@ -191,7 +191,7 @@ def train_teacher(model: JointModel, data: Dataset, tokenizer, cfg: TrainConfig)
             sched.step()
             losses.append(loss.item())
             bar.update(1)
-            bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(losses[-50:]):.4f}")
+            bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(losses[-50:]):.4f}", refresh=False)
             if cfg.max_minutes and time.perf_counter() - t0 > cfg.max_minutes * 60:
                 stopped = True
                 break

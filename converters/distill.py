@@ -1,0 +1,149 @@
+"""Pass: knowledge distillation from the fine-tuned teacher into the (pruned, trimmed) student.
+
+Loss = alpha * T^2 * KL(teacher/T || student/T) + (1 - alpha) * cross-entropy with the gold labels, for the
+intent (on [CLS]) and for the slots (on each word's first piece). Teacher and student may tokenize a word
+differently (vocabulary budget), so slot targets are matched per word, not per piece. Teacher outputs are
+computed once up front: the teacher never runs inside the training loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from edgekit.model import JointModel, count_params, param_bytes
+from edgekit.record import PassRecord
+from edgekit.training import IGNORE, _progress, collate, dev_score, featurize, predict_eager, score
+
+
+@dataclass
+class DistillConfig:
+    teacher: JointModel = field(repr=False)
+    teacher_tokenizer: object = field(repr=False)
+    student_tokenizer: object = field(repr=False)
+    train: list = field(repr=False)  # Examples
+    dev: list = field(repr=False)
+    labels: dict = field(repr=False)
+    temperature: float = 4.0
+    alpha: float = 0.7  # weight of the soft (teacher) targets
+    epochs: int = 6
+    batch_size: int = 32
+    lr: float = 3e-4
+    weight_decay: float = 0.01
+    warmup: float = 0.06
+    max_len: int = 128
+    seed: int = 0
+    steps_limit: int | None = None
+
+    def __post_init__(self):
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0")
+        if not 0 <= self.alpha <= 1:
+            raise ValueError("alpha must be in [0, 1]")
+        if self.epochs < 1:
+            raise ValueError("epochs must be >= 1")
+
+
+def _word_positions(feats, i: int) -> list[int]:
+    """Positions of each kept word's first piece in example i (word order)."""
+    return [p for p, w in enumerate(feats.encodings[i].word_index) if w >= 0]
+
+
+@torch.no_grad()
+def teacher_targets(teacher: JointModel, feats, pad_id: int, batch: int = 128) -> tuple[torch.Tensor, list]:
+    """Intent logits (N, I) and, per example, word-level slot logits (n_words, S) (or None)."""
+    teacher.eval()
+    n = len(feats.ids)
+    intents, words = torch.zeros(n, teacher.cfg.n_intents), [None] * n
+    order = sorted(range(n), key=lambda i: len(feats.ids[i]))
+    for s in range(0, n, batch):
+        idx = order[s:s + batch]
+        ids, mask, _, _ = collate(feats, idx, pad_id)
+        out = teacher(ids, mask)
+        intents[idx] = out[0]
+        if len(out) > 1:
+            for b, i in enumerate(idx):
+                words[i] = out[1][b, _word_positions(feats, i)].clone()  # (n_words, S)
+    return intents, words
+
+
+def kd_loss(student: torch.Tensor, teacher: torch.Tensor, hard: torch.Tensor, T: float, alpha: float):
+    """alpha * T^2 * KL(soft) + (1 - alpha) * CE(hard); rows whose hard label is IGNORE count only in the soft part."""
+    soft = F.kl_div(F.log_softmax(student / T, -1), F.softmax(teacher / T, -1), reduction="batchmean") * T * T
+    hard_loss = F.cross_entropy(student, hard, ignore_index=IGNORE) if (hard != IGNORE).any() else student.sum() * 0
+    return alpha * soft + (1 - alpha) * hard_loss
+
+
+def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassRecord]:
+    """Train `model` (the student) on the teacher's soft targets; keep the best dev checkpoint."""
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    rec = PassRecord("distill", params_before=count_params(model), bytes_before=param_bytes(model))
+    s_feats = featurize(cfg.train, cfg.student_tokenizer, cfg.labels, cfg.max_len)
+    t_feats = featurize(cfg.train, cfg.teacher_tokenizer, cfg.labels, cfg.max_len)
+    t_intent, t_words = teacher_targets(cfg.teacher, t_feats, cfg.teacher_tokenizer.pad_id)
+    s_pos = [_word_positions(s_feats, i) for i in range(len(s_feats.ids))]
+    tag_id = {t: k for k, t in enumerate(cfg.labels["slot_tags"])}
+    word_tags = [[tag_id.get(t, IGNORE) for t in (ex.tags or [])] for ex in cfg.train]
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    steps = math.ceil(len(s_feats.ids) / cfg.batch_size)
+    steps = min(steps, cfg.steps_limit) if cfg.steps_limit else steps
+    total, warm = steps * cfg.epochs, max(1, int(steps * cfg.epochs * cfg.warmup))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
+    best, best_score, curve = None, -1.0, []
+    bar = _progress(total, "distill")
+    for epoch in range(cfg.epochs):
+        model.train()
+        order = list(range(len(s_feats.ids)))
+        rng.shuffle(order)
+        losses = []
+        for s in range(steps):
+            idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
+            if not idx:
+                break
+            ids, mask, intents, slots = collate(s_feats, idx, cfg.student_tokenizer.pad_id)
+            out = model(ids, mask)
+            loss = kd_loss(out[0], t_intent[idx], intents, cfg.temperature, cfg.alpha)
+            if len(out) > 1:
+                # Truncation may keep fewer words on one side: match the words both kept.
+                n = [min(len(s_pos[i]), len(t_words[i])) for i in idx]
+                b_idx = torch.tensor([b for b, k in enumerate(n) for _ in range(k)], dtype=torch.long)
+                p_idx = torch.tensor([p for i, k in zip(idx, n) for p in s_pos[i][:k]], dtype=torch.long)
+                teacher_w = torch.cat([t_words[i][:k] for i, k in zip(idx, n)])  # (W, S)
+                hard_w = torch.tensor([t for i, k in zip(idx, n) for t in word_tags[i][:k]], dtype=torch.long)
+                loss = loss + kd_loss(out[1][b_idx, p_idx], teacher_w, hard_w, cfg.temperature, cfg.alpha)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(losses[-50:]):.4f}", refresh=False)
+        m = score(cfg.dev, predict_eager(model, cfg.dev, cfg.student_tokenizer, cfg.labels, cfg.max_len), cfg.labels)
+        curve.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)) if losses else None,
+                      "dev": {k: m[k] for k in ("intent_acc", "slot_f1", "exact_match")}})
+        bar.write(f"distill epoch {epoch + 1}: loss {curve[-1]['train_loss']:.4f}  dev intent {m['intent_acc']:.4f}"
+                  + (f"  slot F1 {m['slot_f1']:.4f}" if m["slot_f1"] is not None else ""))
+        if dev_score(m) > best_score:
+            best_score, best = dev_score(m), copy.deepcopy(model.state_dict())
+            rec.extra["best_epoch"] = epoch + 1
+    bar.close()
+    model.load_state_dict(best)
+    model.eval()
+    rec.params_after, rec.bytes_after = count_params(model), param_bytes(model)
+    rec.extra.update(curve=curve, temperature=cfg.temperature, alpha=cfg.alpha, epochs=cfg.epochs, lr=cfg.lr)
+    rec.seconds = time.perf_counter() - t0
+    return model, rec

@@ -1,0 +1,103 @@
+"""Pass: trim the vocabulary to the task's own pieces and write it as a SentencePiece model.
+
+Kept: every piece the teacher's tokenizer produces on the task corpus, the specials, the 256 byte-fallback
+pieces (so no input becomes a bare unknown), and the single-character pieces of every corpus character (so
+words whose pieces fall outside a budget still split into known pieces). Under a budget the most frequent
+pieces stay. The embedding rows are gathered to the kept pieces' new ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from edgekit.model import JointModel, count_params, gather_embeddings, param_bytes
+from edgekit.record import PassRecord
+from edgekit.runtime.tokenizer import WORD_START, SentencePieceTokenizer, basic_split
+from edgekit.vocab import N_FIXED, build_model_proto, normal_pieces
+
+
+@dataclass
+class TrimVocabConfig:
+    tokenizer: SentencePieceTokenizer = field(repr=False)  # the teacher's tokenizer (matches the model's rows)
+    corpus: list[str] = field(repr=False)  # task utterances: train + dev (+ --vocab-corpus lines)
+    budget: int | None = None  # most pieces in the result, specials and bytes included; None: all task pieces
+    max_positions: int | None = None  # also cut the position table to the package's sequence length
+
+    def __post_init__(self):
+        if not self.corpus:
+            raise ValueError("trim_vocab needs a non-empty corpus")
+        if self.budget is not None and self.budget <= N_FIXED:
+            raise ValueError(f"a vocabulary budget must exceed the {N_FIXED} special and byte pieces")
+
+
+def piece_counts(tok: SentencePieceTokenizer, corpus: list[str]) -> tuple[Counter, set[str]]:
+    """Piece frequencies of the tokenizer on the corpus, and the single-character pieces it may need."""
+    counts, chars = Counter(), set()
+    for text in corpus:
+        for word in text.split():
+            for p in tok.pieces(word):
+                counts[p] += 1
+            for t in basic_split(word, tok.lowercase):
+                chars.add(WORD_START + t[0])
+                chars.update(t[1:])
+    return counts, chars
+
+
+def select_pieces(tok: SentencePieceTokenizer, counts: Counter, chars: set[str], budget: int | None) -> list[str]:
+    """Task pieces in the teacher's id order; under a budget, single characters first, then by frequency."""
+    vocab = set(normal_pieces(tok))
+    used = {p for p in counts if p in vocab}
+    singles = {c for c in chars if c in vocab}
+    keep = used | singles
+    if budget is not None and N_FIXED + len(keep) > budget:
+        room = budget - N_FIXED - len(singles)
+        if room < 0:
+            raise ValueError(f"budget {budget} is below the {N_FIXED + len(singles)} special, byte and "
+                             "single-character pieces this corpus needs")
+        ranked = sorted(used - singles, key=lambda p: (-counts[p], p))
+        keep = singles | set(ranked[:room])
+    order = {p: i for i, p in enumerate(normal_pieces(tok))}
+    return sorted(keep, key=order.__getitem__)
+
+
+def agreement(old: SentencePieceTokenizer, new: SentencePieceTokenizer, corpus: list[str]) -> float:
+    """Share of utterances whose new piece sequence equals the old one."""
+    same = sum(all(old.pieces(w) == new.pieces(w) for w in text.split()) for text in corpus)
+    return same / len(corpus)
+
+
+def trim_vocab(model: JointModel, cfg: TrimVocabConfig) -> tuple[JointModel, PassRecord]:
+    """Shrink `model`'s embedding to the task vocabulary. The new tokenizer is in record.artifacts['tokenizer']."""
+    t0 = time.perf_counter()
+    tok = cfg.tokenizer
+    if model.cfg.vocab_size != tok.vocab_size:
+        raise ValueError(f"model has {model.cfg.vocab_size} embedding rows, tokenizer {tok.vocab_size} pieces")
+    rec = PassRecord("trim_vocab", params_before=count_params(model), bytes_before=param_bytes(model))
+    emb_before = model.word_emb.weight.numel() * model.word_emb.weight.element_size()
+    counts, chars = piece_counts(tok, cfg.corpus)
+    full = select_pieces(tok, counts, chars, None)
+    kept = select_pieces(tok, counts, chars, cfg.budget) if cfg.budget else full
+    new_tok = SentencePieceTokenizer(build_model_proto(kept), tok.lowercase)
+    rows = list(range(N_FIXED)) + [tok.sp.piece_to_id(p) for p in kept]
+    gather_embeddings(model, rows, cfg.max_positions)
+    full_tok = new_tok if kept is full else SentencePieceTokenizer(build_model_proto(full), tok.lowercase)
+    rec.params_after, rec.bytes_after = count_params(model), param_bytes(model)
+    rec.extra = {
+        "vocab_before": tok.vocab_size,
+        "vocab_task": N_FIXED + len(full),
+        "vocab_after": new_tok.vocab_size,
+        "budget": cfg.budget,
+        "embedding_bytes_before": emb_before,
+        "embedding_bytes_after": model.word_emb.weight.numel() * model.word_emb.weight.element_size(),
+        "tokenization_agreement_full": agreement(tok, full_tok, cfg.corpus),
+        "tokenization_agreement_budget": agreement(tok, new_tok, cfg.corpus) if cfg.budget else None,
+        "max_positions": model.cfg.max_positions,
+    }
+    if rec.extra["tokenization_agreement_full"] < 0.99:
+        rec.warnings.append(f"task-vocabulary tokenization matches the teacher's on only "
+                            f"{rec.extra['tokenization_agreement_full']:.4f} of utterances")
+    rec.artifacts["tokenizer"] = new_tok
+    rec.seconds = time.perf_counter() - t0
+    return model, rec

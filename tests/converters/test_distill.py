@@ -1,0 +1,44 @@
+import pytest
+import torch
+
+from edgekit.converters.distill import DistillConfig, distill, kd_loss
+from edgekit.data import load_dataset
+from edgekit.model import JointModel, ModelConfig, gather_embeddings
+from edgekit.training import labels_of
+from edgekit.vocab import from_wordpiece
+
+from ..conftest import DEMO, make_vocab
+
+
+def test_kd_loss_is_zero_for_identical_soft_targets_and_no_hard_part():
+    s = torch.randn(4, 6)
+    assert kd_loss(s, s.clone(), torch.full((4,), -100), 4.0, 1.0).abs() < 1e-6
+    assert kd_loss(s, s.clone(), torch.zeros(4, dtype=torch.long), 4.0, 0.5) > 0
+
+
+def test_distill_trains_student_towards_teacher():
+    data = load_dataset(DEMO)
+    words = {w.lower() for ex in data.splits["train"] for w in ex.words}
+    tok, rows = from_wordpiece(make_vocab(sorted(words)))
+    labels = labels_of(data)
+
+    def model(layers):
+        torch.manual_seed(layers)
+        m = JointModel(ModelConfig(vocab_size=len(make_vocab(sorted(words))), hidden=32, heads=[4] * layers,
+                                   ffn=[64] * layers, head_dim=8, n_intents=len(data.intents),
+                                   n_slots=len(data.slot_tags), dropout=0.0))
+        gather_embeddings(m, rows)
+        return m
+
+    teacher, student = model(2).eval(), model(1)
+    cfg = DistillConfig(teacher=teacher, teacher_tokenizer=tok, student_tokenizer=tok, train=data.splits["train"][:200],
+                        dev=data.splits["dev"], labels=labels, epochs=2, lr=3e-3, max_len=32)
+    new, rec = distill(student, cfg)
+    curve = rec.extra["curve"]
+    assert len(curve) == 2 and curve[-1]["train_loss"] < curve[0]["train_loss"]
+    assert rec.extra["temperature"] == 4.0 and rec.extra["alpha"] == 0.7
+    ids = torch.tensor([tok.encode("set an alarm for 7 am", 32).input_ids])
+    assert all(torch.isfinite(o).all() for o in new(ids, torch.ones_like(ids)))
+    with pytest.raises(ValueError):
+        DistillConfig(teacher=teacher, teacher_tokenizer=tok, student_tokenizer=tok, train=[], dev=[], labels=labels,
+                      alpha=1.5)

