@@ -524,7 +524,10 @@ def build(cfg: BuildConfig, on_stage=None) -> dict:
         shutil.rmtree(ctx.ckpt_dir)
     for name in ctx.stages[len(ctx.done):]:  # after the stages that completed in order, everything runs again
         log.info("stage %s", name)
-        row, rec = STAGE_FUNCS[name](ctx)
+        try:
+            row, rec = STAGE_FUNCS[name](ctx)
+        except ValueError as e:  # a pass config that cannot hold for this data (e.g. a budget below its floor)
+            raise EdgekitError(f"stage {name}: {e}") from None
         ctx.set_row(row, rec)
         ctx.done.append(name)
         _save_state(ctx)

@@ -22,7 +22,7 @@ stages = ["teacher", "trim_vocab", "prune", "distill", "export", "package"]
 [budget]
 {chr(10).join(f"{k} = {v}" for k, v in budget.items())}
 [compress]
-vocab_budget = 300
+vocab_budget = 330
 param_share = 0.5
 max_retries = 3
 distill_epochs = 3
@@ -34,14 +34,14 @@ distill_lr = 0.005
 
 
 def test_trim_gate_rolls_back_to_a_larger_vocabulary(tmp_path, tiny_bert):
-    # zero tolerance: only the lossless (full task) vocabulary passes, after backing off from 300 pieces
+    # zero tolerance: only the lossless (full task) vocabulary passes, after backing off from 330 pieces
     rep = build(BuildConfig(data=str(DEMO), out=str(tmp_path / "o"), base_model=str(tiny_bert),
                             target=profile(tmp_path, intent_drop_pts=0.0, slot_f1_drop_pts=0.0),
                             stages=["teacher", "trim_vocab", "export", "package"], train=FAST))
     trim = next(p for p in rep["passes"] if p["name"] == "trim_vocab")
     tries = trim["extra"]["tries"]
     assert len(tries) >= 2 and not tries[0]["passed"] and tries[-1]["passed"]
-    assert tries[0]["setting"] == "vocabulary budget 300"
+    assert tries[0]["setting"] == "vocabulary budget 330"
     assert trim["extra"]["tokenization_agreement_full"] == 1.0
     assert [s["name"] for s in rep["stages"]] == ["teacher", "trim_vocab", "export", "package"]
 
