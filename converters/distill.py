@@ -33,9 +33,13 @@ class DistillConfig:
     labels: dict = field(repr=False)
     temperature: float = 4.0
     alpha: float = 0.7  # weight of the soft (teacher) targets
-    epochs: int = 6
+    hidden_weight: float = 1.0  # weight of hidden-state matching (0: logits only)
+    # Teacher hidden-state index (0 = embeddings, k = after layer k) matched by each student layer's output;
+    # None: no hidden-state matching. Set from the layers pruning kept.
+    layer_map: list[int] | None = None
+    epochs: int = 8
     batch_size: int = 32
-    lr: float = 3e-4
+    lr: float = 4e-4
     weight_decay: float = 0.01
     warmup: float = 0.06
     max_len: int = 128
@@ -57,21 +61,27 @@ def _word_positions(feats, i: int) -> list[int]:
 
 
 @torch.no_grad()
-def teacher_targets(teacher: JointModel, feats, pad_id: int, batch: int = 128) -> tuple[torch.Tensor, list]:
-    """Intent logits (N, I) and, per example, word-level slot logits (n_words, S) (or None)."""
+def teacher_targets(teacher: JointModel, feats, pad_id: int, layer_map: list[int] | None = None,
+                    batch: int = 128) -> tuple[torch.Tensor, list, list]:
+    """Intent logits (N, I); per example, word-level slot logits (n_words, S) (or None) and, with a layer_map,
+    hidden states at [CLS] and each word's first piece (len(layer_map), 1 + n_words, H), stored in fp16."""
     teacher.eval()
     n = len(feats.ids)
-    intents, words = torch.zeros(n, teacher.cfg.n_intents), [None] * n
+    intents, words, hidden = torch.zeros(n, teacher.cfg.n_intents), [None] * n, [None] * n
     order = sorted(range(n), key=lambda i: len(feats.ids[i]))
     for s in range(0, n, batch):
         idx = order[s:s + batch]
         ids, mask, _, _ = collate(feats, idx, pad_id)
-        out = teacher(ids, mask)
+        states = teacher.encode(ids, mask)
+        out = teacher.heads(states[-1])
         intents[idx] = out[0]
-        if len(out) > 1:
-            for b, i in enumerate(idx):
-                words[i] = out[1][b, _word_positions(feats, i)].clone()  # (n_words, S)
-    return intents, words
+        for b, i in enumerate(idx):
+            pos = _word_positions(feats, i)
+            if len(out) > 1:
+                words[i] = out[1][b, pos].clone()  # (n_words, S)
+            if layer_map:
+                hidden[i] = torch.stack([states[k][b, [0] + pos] for k in layer_map]).half()
+    return intents, words, hidden
 
 
 def kd_loss(student: torch.Tensor, teacher: torch.Tensor, hard: torch.Tensor, T: float, alpha: float):
@@ -89,8 +99,12 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
     rec = PassRecord("distill", params_before=count_params(model), bytes_before=param_bytes(model))
     s_feats = featurize(cfg.train, cfg.student_tokenizer, cfg.labels, cfg.max_len)
     t_feats = featurize(cfg.train, cfg.teacher_tokenizer, cfg.labels, cfg.max_len)
-    t_intent, t_words = teacher_targets(cfg.teacher, t_feats, cfg.teacher_tokenizer.pad_id)
+    layer_map = cfg.layer_map if cfg.hidden_weight > 0 else None
+    if layer_map is not None and len(layer_map) != model.cfg.layers:
+        raise ValueError(f"layer_map has {len(layer_map)} entries for a {model.cfg.layers}-layer student")
+    t_intent, t_words, t_hidden = teacher_targets(cfg.teacher, t_feats, cfg.teacher_tokenizer.pad_id, layer_map)
     s_pos = [_word_positions(s_feats, i) for i in range(len(s_feats.ids))]
+    t_pos_n = [_word_positions(t_feats, i) for i in range(len(t_feats.ids))]
     tag_id = {t: k for k, t in enumerate(cfg.labels["slot_tags"])}
     word_tags = [[tag_id.get(t, IGNORE) for t in (ex.tags or [])] for ex in cfg.train]
     decay = [p for p in model.parameters() if p.ndim >= 2]
@@ -114,11 +128,19 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
             if not idx:
                 break
             ids, mask, intents, slots = collate(s_feats, idx, cfg.student_tokenizer.pad_id)
-            out = model(ids, mask)
+            states = model.encode(ids, mask)
+            out = model.heads(states[-1])
             loss = kd_loss(out[0], t_intent[idx], intents, cfg.temperature, cfg.alpha)
+            # Truncation may keep fewer words on one side: match the words both kept.
+            n = [min(len(s_pos[i]), len(t_pos_n[i])) for i in idx]
+            if layer_map:
+                # Hidden states at [CLS] and each word's first piece, student layer k against its teacher layer.
+                b_idx = torch.tensor([b for b, k in enumerate(n) for _ in range(k + 1)], dtype=torch.long)
+                p_idx = torch.tensor([p for i, k in zip(idx, n) for p in [0] + s_pos[i][:k]], dtype=torch.long)
+                target = torch.cat([t_hidden[i][:, : k + 1] for i, k in zip(idx, n)], 1).float()  # (L, W, H)
+                got = torch.stack([st[b_idx, p_idx] for st in states[1:]])  # (L, W, H)
+                loss = loss + cfg.hidden_weight * F.mse_loss(got, target)
             if len(out) > 1:
-                # Truncation may keep fewer words on one side: match the words both kept.
-                n = [min(len(s_pos[i]), len(t_words[i])) for i in idx]
                 b_idx = torch.tensor([b for b, k in enumerate(n) for _ in range(k)], dtype=torch.long)
                 p_idx = torch.tensor([p for i, k in zip(idx, n) for p in s_pos[i][:k]], dtype=torch.long)
                 teacher_w = torch.cat([t_words[i][:k] for i, k in zip(idx, n)])  # (W, S)
@@ -144,6 +166,7 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
     model.load_state_dict(best)
     model.eval()
     rec.params_after, rec.bytes_after = count_params(model), param_bytes(model)
-    rec.extra.update(curve=curve, temperature=cfg.temperature, alpha=cfg.alpha, epochs=cfg.epochs, lr=cfg.lr)
+    rec.extra.update(curve=curve, temperature=cfg.temperature, alpha=cfg.alpha, epochs=cfg.epochs, lr=cfg.lr,
+                     hidden_weight=cfg.hidden_weight if layer_map else 0.0, layer_map=layer_map)
     rec.seconds = time.perf_counter() - t0
     return model, rec

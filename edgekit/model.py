@@ -133,7 +133,10 @@ class JointModel(nn.Module):
         return states
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        h = self.encode(input_ids, attention_mask)[-1]  # (B, T, H)
+        return self.heads(self.encode(input_ids, attention_mask)[-1])
+
+    def heads(self, h: torch.Tensor):
+        """Joint heads on the last hidden state h (B, T, H)."""
         intent = self.intent_head(self.drop(h[:, 0]))  # (B, I)
         if self.slot_head is None:
             return (intent,)

@@ -54,8 +54,8 @@ log = logging.getLogger("edgekit")
 
 STAGES = ("teacher", "trim_vocab", "prune", "distill", "export", "package")  # all known stages, in order
 COMPRESS_DEFAULTS = {"vocab_budget": None, "param_share": 0.25, "total_share": 1.0, "max_retries": 2, "backoff": 1.2,
-                     "distill_epochs": 6, "distill_lr": 3e-4, "temperature": 4.0, "alpha": 0.7, "prune_samples": 512,
-                     "prune_layers": 0}
+                     "distill_epochs": 8, "distill_lr": 4e-4, "temperature": 4.0, "alpha": 0.7, "hidden_weight": 1.0,
+                     "prune_samples": 512, "prune_layers": 0}
 MODEL_FILES = {"executorch": "model.pte", "onnx": "model.onnx"}
 CHECKPOINTS = "checkpoints"
 STATE = "state.json"
@@ -373,7 +373,11 @@ def stage_prune(ctx: Context) -> tuple[dict, PassRecord]:
     from edgekit.converters.prune import PruneConfig, prune
 
     t0 = time.perf_counter()
-    base = ctx.cache.setdefault("pre_prune", ctx.model)
+    if "pre_prune" not in ctx.cache:  # pruning always starts from the stage before it (also on a retry)
+        before = ctx.stages[ctx.stages.index("prune") - 1]
+        ctx.cache["pre_prune"] = load_model(ctx.ckpt_dir / f"{before}.safetensors") if "prune" in ctx.done \
+            else ctx.model
+    base = ctx.cache["pre_prune"]
     train = ctx.data.splits["train"]
     rng = random.Random(ctx.cfg.seed)
     sample = rng.sample(train, min(len(train), ctx.compress.get("prune_samples", 512)))
@@ -401,10 +405,14 @@ def stage_distill(ctx: Context) -> tuple[dict, PassRecord]:
     c = ctx.compress
     tries = []
     for attempt in range(c["max_retries"] + 1):
+        prune_rec = next((r for r in ctx.records if r["name"] == "prune"), None)
+        # Each student layer matches the teacher layer it was pruned from (state index = layer + 1).
+        layer_map = [k + 1 for k in prune_rec["extra"]["kept_layers"]] if prune_rec else None
         cfg = DistillConfig(teacher=ctx.teacher, teacher_tokenizer=ctx.teacher_tokenizer,
                             student_tokenizer=ctx.tokenizer, train=ctx.data.splits["train"],
                             dev=ctx.data.splits["dev"], labels=ctx.labels, temperature=c["temperature"],
-                            alpha=c["alpha"], epochs=c["distill_epochs"], lr=c["distill_lr"], seed=ctx.cfg.seed,
+                            alpha=c["alpha"], hidden_weight=c["hidden_weight"], layer_map=layer_map,
+                            epochs=c["distill_epochs"], lr=c["distill_lr"], seed=ctx.cfg.seed,
                             max_len=ctx.max_len,
                             steps_limit=ctx.cfg.train.steps_limit)
         model, rec = distill(copy.deepcopy(ctx.model), cfg)
@@ -417,7 +425,7 @@ def stage_distill(ctx: Context) -> tuple[dict, PassRecord]:
         if ok or attempt == c["max_retries"]:
             break
         ctx.prune_scale *= c.get("backoff", 1.2)
-        ctx.set_row(*stage_prune(ctx))  # prune less, from the same trimmed model
+        ctx.set_row(*stage_prune(ctx))  # prune less, from the same trimmed model (sets the new prune record)
     if not tries[-1]["passed"]:
         raise gate_failure("distill", ctx, tries)
     rec.metrics = ctx.evaluate(model, ctx.tokenizer, "test")
