@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from edgekit.model import JointModel, count_params, gather_embeddings, param_bytes
+from edgekit.model import JointModel, count_params, factorize_embeddings, gather_embeddings, param_bytes
 from edgekit.record import PassRecord
 from edgekit.runtime.tokenizer import WORD_START, SentencePieceTokenizer, basic_split
 from edgekit.vocab import N_FIXED, build_model_proto, normal_pieces
@@ -24,10 +24,13 @@ class TrimVocabConfig:
     corpus: list[str] = field(repr=False)  # task utterances: train + dev (+ --vocab-corpus lines)
     budget: int | None = None  # most pieces in the result, specials and bytes included; None: all task pieces
     max_positions: int | None = None  # also cut the position table to the package's sequence length
+    embedding_rank: int | None = None  # also factorise the word embedding to this rank (SVD), None: keep (V, H)
 
     def __post_init__(self):
         if not self.corpus:
             raise ValueError("trim_vocab needs a non-empty corpus")
+        if self.embedding_rank is not None and self.embedding_rank < 1:
+            raise ValueError("embedding_rank must be >= 1")
         if self.budget is not None and self.budget <= N_FIXED:
             raise ValueError(f"a vocabulary budget must exceed the {N_FIXED} special and byte pieces")
 
@@ -82,6 +85,7 @@ def trim_vocab(model: JointModel, cfg: TrimVocabConfig) -> tuple[JointModel, Pas
     new_tok = SentencePieceTokenizer(build_model_proto(kept), tok.lowercase)
     rows = list(range(N_FIXED)) + [tok.sp.piece_to_id(p) for p in kept]
     gather_embeddings(model, rows, cfg.max_positions)
+    energy = factorize_embeddings(model, cfg.embedding_rank) if cfg.embedding_rank else None
     full_tok = new_tok if kept is full else SentencePieceTokenizer(build_model_proto(full), tok.lowercase)
     rec.params_after, rec.bytes_after = count_params(model), param_bytes(model)
     rec.extra = {
@@ -90,7 +94,10 @@ def trim_vocab(model: JointModel, cfg: TrimVocabConfig) -> tuple[JointModel, Pas
         "vocab_after": new_tok.vocab_size,
         "budget": cfg.budget,
         "embedding_bytes_before": emb_before,
-        "embedding_bytes_after": model.word_emb.weight.numel() * model.word_emb.weight.element_size(),
+        "embedding_bytes_after": 4 * (model.word_emb.weight.numel()
+                                      + (model.word_proj.weight.numel() if model.word_proj is not None else 0)),
+        "embedding_rank": cfg.embedding_rank,
+        "svd_energy_kept": energy,
         "tokenization_agreement_full": agreement(tok, full_tok, cfg.corpus),
         "tokenization_agreement_budget": agreement(tok, new_tok, cfg.corpus) if cfg.budget else None,
         "max_positions": model.cfg.max_positions,

@@ -33,6 +33,7 @@ class ModelConfig:
     dropout: float = 0.1
     n_intents: int = 2
     n_slots: int = 0  # 0: intent-only, the slot head is omitted
+    emb_rank: int | None = None  # factorised word embedding: (V, r) table then a (r -> H) projection
 
     def __post_init__(self):
         if len(self.heads) != len(self.ffn):
@@ -101,7 +102,8 @@ class JointModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.word_emb = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.word_emb = nn.Embedding(cfg.vocab_size, cfg.emb_rank or cfg.hidden)
+        self.word_proj = nn.Linear(cfg.emb_rank, cfg.hidden, bias=False) if cfg.emb_rank else None
         self.pos_emb = nn.Embedding(cfg.max_positions, cfg.hidden)
         # BERT's token-type 0 row; a single segment, so it is a constant added to every token.
         self.type_emb = nn.Parameter(torch.zeros(cfg.hidden))
@@ -123,7 +125,10 @@ class JointModel(nn.Module):
         """Hidden states after the embeddings and after each layer, each (B, T, H)."""
         T = input_ids.shape[1]
         pos = torch.arange(T, device=input_ids.device)
-        x = self.drop(self.emb_ln(self.word_emb(input_ids) + self.pos_emb(pos) + self.type_emb))  # (B, T, H)
+        e = self.word_emb(input_ids)  # (B, T, H), or (B, T, r) when factorised
+        if self.word_proj is not None:
+            e = self.word_proj(e)  # (B, T, H)
+        x = self.drop(self.emb_ln(e + self.pos_emb(pos) + self.type_emb))  # (B, T, H)
         # Additive key mask: 0 where attended, -1e4 on padding, broadcast over heads and queries.
         bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -1e4  # (B, 1, 1, T)
         states = [x]
@@ -145,7 +150,7 @@ class JointModel(nn.Module):
 
 def count_params(model: nn.Module, embeddings: bool = True) -> int:
     """Parameter count; with embeddings=False the word, position and token-type embeddings are left out."""
-    skip = set() if embeddings else {"word_emb.weight", "pos_emb.weight", "type_emb"}
+    skip = set() if embeddings else {"word_emb.weight", "word_proj.weight", "pos_emb.weight", "type_emb"}
     return sum(p.numel() for n, p in model.named_parameters() if n not in skip)
 
 
@@ -275,4 +280,19 @@ def gather_embeddings(model: JointModel, rows: list[int] | torch.Tensor, max_pos
 
 
 def embedding_params(model: JointModel) -> int:
-    return model.word_emb.weight.numel() + model.pos_emb.weight.numel() + model.type_emb.numel()
+    return count_params(model) - count_params(model, embeddings=False)
+
+
+def factorize_embeddings(model: JointModel, rank: int) -> float:
+    """Replace the (V, H) word embedding by its best rank-r factorisation (SVD): a (V, r) table and an
+    (r -> H) projection. In place. Returns the share of the table's energy (squared singular values) kept."""
+    W = model.word_emb.weight.data  # (V, H)
+    if model.word_proj is not None or rank >= W.shape[1]:
+        return 1.0
+    U, S, Vt = torch.linalg.svd(W, full_matrices=False)  # (V, H), (H,), (H, H)
+    model.word_emb = nn.Embedding(W.shape[0], rank)
+    model.word_emb.weight.data.copy_(U[:, :rank] * S[:rank])
+    model.word_proj = nn.Linear(rank, W.shape[1], bias=False)
+    model.word_proj.weight.data.copy_(Vt[:rank].T)  # (H, r)
+    model.cfg.emb_rank = rank
+    return float((S[:rank] ** 2).sum() / (S ** 2).sum())

@@ -55,7 +55,7 @@ log = logging.getLogger("edgekit")
 STAGES = ("teacher", "trim_vocab", "prune", "distill", "export", "package")  # all known stages, in order
 COMPRESS_DEFAULTS = {"vocab_budget": None, "param_share": 0.25, "total_share": 1.0, "max_retries": 2, "backoff": 1.2,
                      "distill_epochs": 8, "distill_lr": 4e-4, "temperature": 4.0, "alpha": 0.7, "hidden_weight": 1.0,
-                     "prune_samples": 512, "prune_layers": 0}
+                     "prune_samples": 512, "prune_layers": 0, "embedding_rank": None}
 MODEL_FILES = {"executorch": "model.pte", "onnx": "model.onnx"}
 CHECKPOINTS = "checkpoints"
 STATE = "state.json"
@@ -330,7 +330,8 @@ def stage_trim_vocab(ctx: Context) -> tuple[dict, PassRecord]:
     budget = ctx.compress.get("vocab_budget") or None
     tries = []
     for attempt in range(ctx.compress["max_retries"] + 1):
-        model, rec = trim_vocab(copy.deepcopy(ctx.model), TrimVocabConfig(ctx.tokenizer, corpus, budget, ctx.max_len))
+        model, rec = trim_vocab(copy.deepcopy(ctx.model), TrimVocabConfig(ctx.tokenizer, corpus, budget, ctx.max_len,
+                                                                          ctx.compress.get("embedding_rank")))
         tok = rec.artifacts["tokenizer"]
         dev = ctx.evaluate(model, tok, "dev")
         ok, drops = gate(ctx, dev)
@@ -350,7 +351,8 @@ def stage_trim_vocab(ctx: Context) -> tuple[dict, PassRecord]:
     rec.extra["intent_agreement_with_teacher"] = sum(a["intent"] == b["intent"] for a, b in zip(answers, teacher)) / len(
         answers)
     if budget is not None:  # the accuracy cost of the budget: the same trim at the full task vocabulary
-        full, frec = trim_vocab(copy.deepcopy(ctx.model), TrimVocabConfig(ctx.tokenizer, corpus, None, ctx.max_len))
+        full, frec = trim_vocab(copy.deepcopy(ctx.model), TrimVocabConfig(ctx.tokenizer, corpus, None, ctx.max_len,
+                                                                          ctx.compress.get("embedding_rank")))
         rec.extra["full_vocab"] = {"vocab": frec.extra["vocab_after"], "params": frec.params_after,
                                    "test": ctx.evaluate(full, frec.artifacts["tokenizer"], "test")}
     rec.extra["tries"] = tries

@@ -49,3 +49,23 @@ def test_save_load_roundtrip(tmp_path):
     assert m2.cfg == m.cfg
     x = torch.randint(0, 20, (1, 6))
     assert torch.equal(m(x, torch.ones_like(x))[1], m2(x, torch.ones_like(x))[1])
+
+
+def test_factorized_embedding_is_exact_at_full_rank_and_smaller_below(tmp_path):
+    from edgekit.model import factorize_embeddings
+
+    torch.manual_seed(0)
+    m = JointModel(ModelConfig(vocab_size=30, hidden=8, heads=[2], ffn=[16], head_dim=4, n_intents=2)).eval()
+    x = torch.randint(0, 30, (2, 5))
+    ref = m(x, torch.ones_like(x))[0]
+    full = JointModel(m.cfg)
+    full.load_state_dict(m.state_dict())
+    assert factorize_embeddings(full.eval(), 8) == 1.0  # rank >= hidden: nothing to do
+    low = JointModel(ModelConfig(**{**m.cfg.__dict__}))
+    low.load_state_dict(m.state_dict())
+    energy = factorize_embeddings(low.eval(), 7)
+    assert 0 < energy < 1 and low.word_emb.weight.shape == (30, 7) and low.word_proj.weight.shape == (8, 7)
+    assert count_params(low, embeddings=False) == count_params(m, embeddings=False)
+    assert torch.isfinite(low(x, torch.ones_like(x))[0]).all() and not torch.equal(low(x, torch.ones_like(x))[0], ref)
+    save_model(low, tmp_path / "low.safetensors")
+    assert load_model(tmp_path / "low.safetensors").cfg.emb_rank == 7
