@@ -462,9 +462,9 @@ def _save_state(ctx: Context) -> None:
 
 def _restore(ctx: Context, state: dict) -> None:
     """Take back the stages that completed in the order this build runs them, and the latest model."""
-    done = []
-    for name in ctx.stages:
-        if name not in state["done"]:
+    done = []  # the longest common prefix of this build's stage list and the completed one
+    for name, was in zip(ctx.stages, state["done"]):
+        if name != was:
             break
         done.append(name)
     ctx.done = done
