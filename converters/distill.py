@@ -20,7 +20,16 @@ import torch.nn.functional as F
 
 from edgekit.model import JointModel, count_params, param_bytes
 from edgekit.record import PassRecord
-from edgekit.training import IGNORE, _progress, collate, dev_score, featurize, predict_eager, score
+from edgekit.training import (
+    IGNORE,
+    _progress,
+    collate,
+    dev_score,
+    featurize,
+    predict_eager,
+    score,
+    warmup_linear,
+)
 
 
 @dataclass
@@ -113,9 +122,8 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
     steps = math.ceil(len(s_feats.ids) / cfg.batch_size)
     steps = min(steps, cfg.steps_limit) if cfg.steps_limit else steps
-    total, warm = steps * cfg.epochs, max(1, int(steps * cfg.epochs * cfg.warmup))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
+    total = steps * cfg.epochs
+    sched = warmup_linear(opt, total, cfg.warmup)
     best, best_score, curve = None, -1.0, []
     bar = _progress(total, "distill")
     for epoch in range(cfg.epochs):

@@ -144,6 +144,13 @@ def dev_score(m: dict) -> float:
     return m["intent_acc"] if m["slot_f1"] is None else (m["intent_acc"] + m["slot_f1"]) / 2
 
 
+def warmup_linear(opt, total: int, warmup: float):
+    """Linear warm-up over `warmup` of the steps, then linear decay to zero at `total`."""
+    warm = max(1, int(total * warmup))
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
+
+
 def _progress(total: int, desc: str):
     tty = sys.stderr.isatty()
     return tqdm(total=total, desc=desc, unit="step", mininterval=0.5 if tty else 30, leave=tty, dynamic_ncols=True)
@@ -167,9 +174,7 @@ def train_teacher(model: JointModel, data: Dataset, tokenizer, cfg: TrainConfig)
     if cfg.steps_limit:
         steps_per_epoch = min(steps_per_epoch, cfg.steps_limit)
     total = steps_per_epoch * cfg.epochs
-    warm = max(1, int(total * cfg.warmup))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
+    sched = warmup_linear(opt, total, cfg.warmup)
     best, best_score, curve, stopped = None, -1.0, [], False
     rec = PassRecord("teacher", params_before=count_params(model), bytes_before=param_bytes(model))
     bar = _progress(total, "teacher")
