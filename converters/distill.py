@@ -25,6 +25,7 @@ from edgekit.training import (
     _progress,
     collate,
     dev_score,
+    epoch_batches,
     featurize,
     predict_eager,
     score,
@@ -128,13 +129,8 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
     bar = _progress(total, "distill")
     for epoch in range(cfg.epochs):
         model.train()
-        order = list(range(len(s_feats.ids)))
-        rng.shuffle(order)
         losses = []
-        for s in range(steps):
-            idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
-            if not idx:
-                break
+        for idx in epoch_batches(len(s_feats.ids), cfg.batch_size, steps, rng):
             ids, mask, intents, slots = collate(s_feats, idx, cfg.student_tokenizer.pad_id)
             states = model.encode(ids, mask)
             out = model.heads(states[-1])

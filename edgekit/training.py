@@ -144,6 +144,17 @@ def dev_score(m: dict) -> float:
     return m["intent_acc"] if m["slot_f1"] is None else (m["intent_acc"] + m["slot_f1"]) / 2
 
 
+def epoch_batches(n: int, batch_size: int, steps: int, rng: random.Random):
+    """One epoch's shuffled batches of example indices, at most `steps` of them."""
+    order = list(range(n))
+    rng.shuffle(order)
+    for s in range(steps):
+        idx = order[s * batch_size:(s + 1) * batch_size]
+        if not idx:
+            return
+        yield idx
+
+
 def warmup_linear(opt, total: int, warmup: float):
     """Linear warm-up over `warmup` of the steps, then linear decay to zero at `total`."""
     warm = max(1, int(total * warmup))
@@ -180,13 +191,8 @@ def train_teacher(model: JointModel, data: Dataset, tokenizer, cfg: TrainConfig)
     bar = _progress(total, "teacher")
     for epoch in range(cfg.epochs):
         model.train()
-        order = list(range(len(train.ids)))
-        rng.shuffle(order)
         losses = []
-        for s in range(steps_per_epoch):
-            idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
-            if not idx:
-                break
+        for idx in epoch_batches(len(train.ids), cfg.batch_size, steps_per_epoch, rng):
             ids, mask, intents, slots = collate(train, idx, tokenizer.pad_id)
             loss = joint_loss(model(ids, mask), intents, slots, cfg.slot_weight)
             opt.zero_grad(set_to_none=True)
