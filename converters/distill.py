@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from edgekit.data import swap_mentions
 from edgekit.model import JointModel, count_params, param_bytes
 from edgekit.record import PassRecord
 from edgekit.training import (
@@ -44,6 +45,12 @@ class DistillConfig:
     temperature: float = 4.0
     alpha: float = 0.7  # weight of the soft (teacher) targets
     hidden_weight: float = 1.0  # weight of hidden-state matching (0: logits only)
+    # Extra training utterances, as a share of train, made by swapping slot values (edgekit.data.swap_mentions);
+    # the teacher labels them like the rest.
+    augment: float = 0.0
+    # Share of the open-class slot values in those utterances made of words the teacher's vocabulary has whole
+    # and the student's does not: unseen names, split into small pieces, as the test data will have.
+    novel_share: float = 0.0
     # Teacher hidden-state index (0 = embeddings, k = after layer k) matched by each student layer's output;
     # None: no hidden-state matching. Set from the layers pruning kept.
     layer_map: list[int] | None = None
@@ -63,6 +70,20 @@ class DistillConfig:
             raise ValueError("alpha must be in [0, 1]")
         if self.epochs < 1:
             raise ValueError("epochs must be >= 1")
+        if self.augment < 0:
+            raise ValueError("augment must be >= 0")
+
+
+def novel_words(teacher_tokenizer, student_tokenizer, min_chars: int = 3) -> list[str]:
+    """Alphabetic words that are one whole piece for the teacher and more than one for the student."""
+    out = []
+    sp = teacher_tokenizer.sp
+    for piece in (sp.id_to_piece(i) for i in range(sp.get_piece_size())):
+        word = piece[1:]
+        if piece.startswith("\u2581") and len(word) >= min_chars and word.isalpha() and word.isascii():
+            if len(student_tokenizer.word_ids(word)) > 1:
+                out.append(word)
+    return out
 
 
 def _word_positions(feats, i: int) -> list[int]:
@@ -107,8 +128,10 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     rec = PassRecord("distill", params_before=count_params(model), bytes_before=param_bytes(model))
-    s_feats = featurize(cfg.train, cfg.student_tokenizer, cfg.labels, cfg.max_len)
-    t_feats = featurize(cfg.train, cfg.teacher_tokenizer, cfg.labels, cfg.max_len)
+    novel = novel_words(cfg.teacher_tokenizer, cfg.student_tokenizer) if cfg.novel_share > 0 else None
+    train = cfg.train + swap_mentions(cfg.train, round(cfg.augment * len(cfg.train)), cfg.seed, novel, cfg.novel_share)
+    s_feats = featurize(train, cfg.student_tokenizer, cfg.labels, cfg.max_len)
+    t_feats = featurize(train, cfg.teacher_tokenizer, cfg.labels, cfg.max_len)
     layer_map = cfg.layer_map if cfg.hidden_weight > 0 else None
     if layer_map is not None and len(layer_map) != model.cfg.layers:
         raise ValueError(f"layer_map has {len(layer_map)} entries for a {model.cfg.layers}-layer student")
@@ -116,7 +139,7 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
     s_pos = [_word_positions(s_feats, i) for i in range(len(s_feats.ids))]
     t_pos_n = [_word_positions(t_feats, i) for i in range(len(t_feats.ids))]
     tag_id = {t: k for k, t in enumerate(cfg.labels["slot_tags"])}
-    word_tags = [[tag_id.get(t, IGNORE) for t in (ex.tags or [])] for ex in cfg.train]
+    word_tags = [[tag_id.get(t, IGNORE) for t in (ex.tags or [])] for ex in train]
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -171,6 +194,8 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
     model.eval()
     rec.params_after, rec.bytes_after = count_params(model), param_bytes(model)
     rec.extra.update(curve=curve, temperature=cfg.temperature, alpha=cfg.alpha, epochs=cfg.epochs, lr=cfg.lr,
+                     augmented=len(train) - len(cfg.train), novel_share=cfg.novel_share,
+                     novel_words=len(novel or []),
                      hidden_weight=cfg.hidden_weight if layer_map else 0.0, layer_map=layer_map)
     rec.seconds = time.perf_counter() - t0
     return model, rec

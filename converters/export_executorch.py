@@ -28,8 +28,23 @@ class ExecuTorchExportConfig:
             raise ValueError(f"max_len must be in 3..512, got {self.max_len}")
 
 
-def _example(max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.zeros(1, max_len, dtype=torch.long), torch.ones(1, max_len, dtype=torch.long)
+def _in_submodule(node, name: str) -> bool:
+    """The node comes from submodule `name` of the exported module (torch.export's nn_module_stack)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return any(str(path).split(".")[0] == name for path, _ in stack.values())
+
+
+def partitioner(encoder_only: bool):
+    """XNNPACK partitioner. encoder_only (decoded graphs): delegate only partitions holding some of the encoder;
+    the decoding graph's tiny per-step adds would otherwise become one delegate call each, and a delegate call
+    costs more than the portable kernel on a (1, S, S) tensor."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    class EncoderXnnpackPartitioner(XnnpackPartitioner):
+        def generate_partitions(self, ep):
+            return [p for p in super().generate_partitions(ep) if any(_in_submodule(n, "model") for n in p.nodes)]
+
+    return EncoderXnnpackPartitioner() if encoder_only else XnnpackPartitioner()
 
 
 def delegation(edge_program) -> dict:
@@ -50,9 +65,9 @@ def delegation(edge_program) -> dict:
 
 
 def export_executorch(model: torch.nn.Module, cfg: ExecuTorchExportConfig, path: str | Path,
-                      check_inputs: list[tuple[np.ndarray, np.ndarray]]) -> PassRecord:
-    """Write `path` (.pte) and verify it with the ExecuTorch runtime on `check_inputs`."""
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+                      check_inputs: list[list[np.ndarray]]) -> PassRecord:
+    """Write `path` (.pte) and verify it with the ExecuTorch runtime on `check_inputs` (each the graph's input
+    list; the first is also the example that fixes the shapes)."""
     from executorch.exir import to_edge_transform_and_lower
 
     from edgekit.converters.parity import compare
@@ -60,9 +75,12 @@ def export_executorch(model: torch.nn.Module, cfg: ExecuTorchExportConfig, path:
 
     t0 = time.perf_counter()
     model = model.eval()
+    example = tuple(torch.from_numpy(a) for a in check_inputs[0])
+    if example[0].shape[-1] != cfg.max_len:
+        raise ValueError(f"check inputs have length {example[0].shape[-1]}, the export {cfg.max_len}")
     with torch.no_grad():
-        exported = torch.export.export(model, _example(cfg.max_len), strict=False)
-    edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
+        exported = torch.export.export(model, example, strict=False)
+    edge = to_edge_transform_and_lower(exported, partitioner=[partitioner(getattr(model, "decoding", False))])
     info = delegation(edge)
     program = edge.to_executorch()
     write_bytes(path, program.buffer)

@@ -25,25 +25,25 @@ class OnnxExportConfig:
             raise ValueError("opset must be >= 17 (LayerNormalization)")
 
 
-def output_names(model: torch.nn.Module) -> list[str]:
-    return ["intent_logits"] + (["slot_logits"] if model.cfg.n_slots else [])
-
-
 def export_onnx(model: torch.nn.Module, cfg: OnnxExportConfig, path: str | Path,
-                check_inputs: list[tuple[np.ndarray, np.ndarray]]) -> PassRecord:
-    """Write `path` (.onnx, weights inline) and verify it with ONNX Runtime on `check_inputs`."""
+                check_inputs: list[list[np.ndarray]]) -> PassRecord:
+    """Write `path` (.onnx, weights inline) and verify it with ONNX Runtime on `check_inputs` (each the graph's
+    input list; the first is also the example that fixes the shapes)."""
     import onnx
 
+    from edgekit.converters.decoding import io_names
     from edgekit.converters.parity import compare
     from edgekit.runtime.backends import OnnxBackend
 
     t0 = time.perf_counter()
     model = model.eval()
-    example = (torch.zeros(1, cfg.max_len, dtype=torch.long), torch.ones(1, cfg.max_len, dtype=torch.long))
+    example = tuple(torch.from_numpy(a) for a in check_inputs[0])
+    if example[0].shape[-1] != cfg.max_len:
+        raise ValueError(f"check inputs have length {example[0].shape[-1]}, the export {cfg.max_len}")
+    inputs, outputs = io_names(model)
     with torch.no_grad():
         prog = torch.onnx.export(model, example, dynamo=True, opset_version=cfg.opset, external_data=False,
-                                 input_names=["input_ids", "attention_mask"], output_names=output_names(model),
-                                 verbose=False)
+                                 input_names=inputs, output_names=outputs, verbose=False)
     with atomic_path(path) as tmp:
         onnx.save_model(prog.model_proto, str(tmp))
     backend = OnnxBackend(path)

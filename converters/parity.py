@@ -1,4 +1,4 @@
-"""Check an exported artifact against the eager module on real inputs: max abs diff and argmax agreement."""
+"""Check an exported artifact against the eager module on real inputs: max abs diff and answer agreement."""
 
 from __future__ import annotations
 
@@ -6,23 +6,29 @@ import numpy as np
 import torch
 
 
-def compare(model: torch.nn.Module, run, inputs: list[tuple[np.ndarray, np.ndarray]]) -> dict:
-    """`run(ids, mask) -> list[np.ndarray]` is the artifact; inputs are (1, T) int64 pairs.
+def compare(model: torch.nn.Module, run, inputs: list[list[np.ndarray]]) -> dict:
+    """`run(*arrays) -> list[np.ndarray]` is the artifact; each entry of `inputs` is the graph's input list, the
+    first two being input_ids and attention_mask (1, T).
 
-    Slot agreement counts real (unpadded) tokens only; padded positions carry no answer.
+    Raw graphs (logits) are compared by argmax; decoded graphs (integer ids) by equality. Slot agreement counts
+    real (unpadded) tokens only; padded positions carry no answer. max_abs_diff covers the float outputs.
     """
     model.eval()
     max_diff, intent_same, tok_same, tok_total = 0.0, 0, 0, 0
     with torch.no_grad():
-        for ids, mask in inputs:
-            ref = [t.numpy() for t in model(torch.from_numpy(ids), torch.from_numpy(mask))]
-            got = run(ids, mask)
+        for arrays in inputs:
+            ref = [t.numpy() for t in model(*(torch.from_numpy(a) for a in arrays))]
+            got = [np.asarray(g) for g in run(*arrays)]
             for r, g in zip(ref, got):
-                max_diff = max(max_diff, float(np.abs(r - np.asarray(g)).max()))
-            intent_same += int(ref[0].argmax(-1)[0] == np.asarray(got[0]).argmax(-1)[0])
-            if len(ref) > 1:
-                real = mask[0].astype(bool)
-                tok_same += int((ref[1][0].argmax(-1) == np.asarray(got[1])[0].argmax(-1))[real].sum())
+                if r.dtype.kind == "f":
+                    max_diff = max(max_diff, float(np.abs(r - g).max()))
+            decoded = ref[0].dtype.kind in "iu"
+            ans = (lambda x: x) if decoded else (lambda x: x.argmax(-1))  # ids, or argmax of logits
+            intent_same += int(ans(ref[0]).reshape(-1)[0] == ans(got[0]).reshape(-1)[0])
+            slots = 2 if decoded else 1
+            if len(ref) > slots:
+                real = arrays[1][0].astype(bool)
+                tok_same += int((ans(ref[slots])[0] == ans(got[slots])[0])[real].sum())
                 tok_total += int(real.sum())
     n = len(inputs)
     return {"n": n, "max_abs_diff": max_diff, "intent_argmax_agree": intent_same / n,

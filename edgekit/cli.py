@@ -60,9 +60,17 @@ def build(
                                                 "of the teacher's (android: 0.25)."),
     prune_layers: Optional[int] = typer.Option(None, help="Whole layers removed by pruning (android: 2)."),
     distill_epochs: Optional[int] = typer.Option(None, help="Distillation epochs."),
+    distill_augment: Optional[float] = typer.Option(None, help="Slot-swapped extra utterances for distillation, as "
+                                                    "a share of train (android: see devices/android.toml)."),
+    distill_novel: Optional[float] = typer.Option(None, help="Share of swapped open-class slot values made of "
+                                                  "words unseen in the data (split into pieces by the student)."),
     temperature: Optional[float] = typer.Option(None, help="Distillation temperature T."),
     alpha: Optional[float] = typer.Option(None, help="Weight of the teacher's soft targets (1 - alpha: gold)."),
     max_retries: Optional[int] = typer.Option(None, help="Gate back-offs before the build stops."),
+    intents: Optional[str] = typer.Option(None, help="Comma-separated intents the package may answer (baked into "
+                                          "the graph; default: all)."),
+    oos_far: float = typer.Option(0.05, help="Without out-of-scope data: share of held-out in-scope utterances the "
+                                  "rejection threshold may reject."),
 ):
     """Fine-tune a teacher, export it for the target's runtimes, and write a verified package."""
     from edgekit.pipeline import BuildConfig
@@ -79,9 +87,11 @@ def build(
     cfg = BuildConfig(data=str(data), out=str(out), task=task, target=target, format=format,
                       base_model=str(base_model) if base_model else None, seed=seed, resume=resume,
                       max_len=max_len, train=train, stages=stages.split(",") if stages else None,
-                      vocab_corpus=str(vocab_corpus) if vocab_corpus else None,
+                      vocab_corpus=str(vocab_corpus) if vocab_corpus else None, intents=_names(intents),
+                      oos_far=oos_far,
                       compress={"vocab_budget": vocab_budget, "param_share": param_share, "prune_layers": prune_layers,
-                                "distill_epochs": distill_epochs,
+                                "distill_epochs": distill_epochs, "distill_augment": distill_augment,
+                                "distill_novel": distill_novel,
                                 "temperature": temperature, "alpha": alpha, "max_retries": max_retries})
 
     def show(name, row):
@@ -96,12 +106,19 @@ def build(
     typer.echo(f"report: {out / 'report.md'}")
 
 
+def _names(csv: str | None) -> list[str] | None:
+    return [x.strip() for x in csv.split(",") if x.strip()] if csv is not None else None
+
+
 @app.command()
 def predict(
     package: Path = typer.Argument(..., help="Package folder written by `edgekit build`."),
     text: str = typer.Argument(..., help="The utterance."),
     runtime: str = typer.Option("executorch", help="executorch or onnx."),
     tags: bool = typer.Option(False, help="Also print the per-word BIO tags."),
+    allow_intents: Optional[str] = typer.Option(None, help="Comma-separated intents the answer may take "
+                                                "(fills the graph's intent_mask; default: all)."),
+    no_reject: bool = typer.Option(False, "--no-reject", help="Turn out-of-scope rejection off."),
 ):
     """Answer one utterance with a package: JSON with intent, confidence and slots."""
     from edgekit.runtime import Package, PackageError, Predictor
@@ -110,7 +127,11 @@ def predict(
         pkg = Package.load(package)
     except PackageError as e:
         raise EdgekitError(str(e)) from None
-    result = Predictor.open(pkg, _runtime(runtime)).predict(text)
+    try:
+        result = Predictor.open(pkg, _runtime(runtime)).predict(text, allow_intents=_names(allow_intents),
+                                                                reject=not no_reject)
+    except ValueError as e:
+        raise EdgekitError(f"--allow-intents: {e}") from None
     if not tags:
         result.pop("tags", None)
     typer.echo(json.dumps(result, ensure_ascii=False))
@@ -124,13 +145,16 @@ def eval_(
     split: str = typer.Option("test", help="train, dev or test."),
     format: Optional[str] = typer.Option(None, "--format", help="Force the data format."),
     compare_eager: bool = typer.Option(True, help="Also report agreement with the eager model, if checkpointed."),
+    allow_intents: Optional[str] = typer.Option(None, help="Comma-separated intents the answers may take."),
+    no_reject: bool = typer.Option(False, "--no-reject", help="Turn out-of-scope rejection off."),
 ):
     """Score a package by running it (tokenizer, runtime, decoder) on every utterance of a split."""
     from edgekit.evaluate import evaluate_package
 
     if split not in ("train", "dev", "test"):
         raise EdgekitError(f"unknown --split {split!r}; choose train, dev or test")
-    typer.echo(json.dumps(evaluate_package(package, data, _runtime(runtime), split, format, compare_eager), indent=2))
+    typer.echo(json.dumps(evaluate_package(package, data, _runtime(runtime), split, format, compare_eager,
+                                                _names(allow_intents), not no_reject), indent=2))
 
 
 @app.command()

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 from edgekit.data import load_dataset
 from edgekit.errors import EdgekitError
+from edgekit.metrics import invalid_bio
 from edgekit.runtime.package import Package, PackageError
 from edgekit.runtime.predictor import Predictor
 from edgekit.training import agreement, predict_eager, score
 
 
 def evaluate_package(package: str | Path, data: str | Path, runtime: str = "executorch", split: str = "test",
-                     fmt: str | None = None, compare_eager: bool = True) -> dict:
+                     fmt: str | None = None, compare_eager: bool = True, allow_intents: list[str] | None = None,
+                     reject: bool = True) -> dict:
     """Run every utterance of `split` through the package's runtime and score the answers.
 
-    With compare_eager, and when the build's checkpoint sits in the package folder, the eager model's
-    answers are computed too and the share of identical answers (intent and all slot tags) is reported.
+    allow_intents fills the graph's intent_mask; reject=False turns out-of-scope rejection off. With
+    compare_eager, and when the build's checkpoint sits in the package folder, the eager model (with the same
+    decoding graph) answers too and the share of identical answers (intent and all slot tags) is reported.
     """
     try:
         pkg = Package.load(package)
@@ -27,16 +31,28 @@ def evaluate_package(package: str | Path, data: str | Path, runtime: str = "exec
     ds = load_dataset(data, fmt)
     examples = ds.splits[split]
     pred = Predictor.open(pkg, runtime)
+    try:
+        mask = pred.intent_mask(allow_intents)
+    except ValueError as e:
+        raise EdgekitError(f"--allow-intents: {e}") from None
     t0 = time.perf_counter()
-    answers = [pred.predict(ex.text, warn=False) for ex in examples]
+    answers = [pred.predict(ex.text, warn=False, allow_intents=allow_intents, reject=reject) for ex in examples]
     out = {"package": str(package), "runtime": runtime, "split": split, "seconds": round(time.perf_counter() - t0, 2),
-           **score(examples, answers, pkg.labels)}
+           "allow_intents": allow_intents, "reject": reject, **score(examples, answers, pkg.labels),
+           "invalid_bio": invalid_bio([a.get("tags") for a in answers]),
+           "intents_answered": dict(Counter(a["intent"] for a in answers).most_common())}
     state = Path(package) / "checkpoints" / "state.json"
     if compare_eager and state.is_file():
+        from edgekit.converters.decoding import config_from_record, with_decoding
         from edgekit.model import load_model
 
-        model = load_model(state.parent / json.loads(state.read_text())["model"])
-        eager = predict_eager(model, examples, pred.tokenizer, pkg.labels, pkg.max_len)
+        st = json.loads(state.read_text())
+        model = load_model(state.parent / st["model"])
+        export = next((r for r in st["records"] if r["name"] == "export"), None)
+        if pred.decoding and export and "decoding" in export["extra"]:
+            model, _ = with_decoding(model, config_from_record(pkg.labels, export["extra"]["decoding"]))
+        eager = predict_eager(model, examples, pred.tokenizer, pkg.labels, pkg.max_len, reject=reject,
+                              intent_mask=None if mask is None else mask.tolist())
         out["eager"] = score(examples, eager, pkg.labels)
         out["agreement_with_eager"] = agreement(answers, eager)
     return out

@@ -16,6 +16,19 @@ def chunks(tags: list[str]) -> set[tuple[str, int, int]]:
     return out
 
 
+def invalid_bio(seqs: list[list[str] | None]) -> int:
+    """Number of tag sequences with an I-x that follows neither B-x nor I-x (None entries: no slots, skipped)."""
+    bad = 0
+    for tags in seqs:
+        prev = "O"
+        for t in tags or []:
+            if t.startswith("I-") and prev[2:] != t[2:]:
+                bad += 1
+                break
+            prev = t
+    return bad
+
+
 def slot_f1(gold: list[list[str]], pred: list[list[str]]) -> float:
     """Micro F1 over exact span matches, pooled over all sentences (conlleval's overall FB1 / 100)."""
     tp = n_gold = n_pred = 0

@@ -34,6 +34,7 @@ from edgekit.model import (
 from edgekit.perf import tune_allocator
 from edgekit.record import PassRecord
 from edgekit.report import render_markdown
+from edgekit.runtime.decode import OOS
 from edgekit.runtime.package import MANIFEST, SCHEMA_VERSION, Package, sha256
 from edgekit.runtime.tokenizer import SentencePieceTokenizer, WordPieceTokenizer
 from edgekit.targets import Target, load_target
@@ -55,7 +56,8 @@ log = logging.getLogger("edgekit")
 STAGES = ("teacher", "trim_vocab", "prune", "distill", "export", "package")  # all known stages, in order
 COMPRESS_DEFAULTS = {"vocab_budget": None, "param_share": 0.25, "total_share": 1.0, "max_retries": 2, "backoff": 1.2,
                      "distill_epochs": 8, "distill_lr": 4e-4, "temperature": 4.0, "alpha": 0.7, "hidden_weight": 1.0,
-                     "prune_samples": 512, "prune_layers": 0, "embedding_rank": None}
+                     "prune_samples": 512, "prune_layers": 0, "embedding_rank": None, "distill_augment": 0.0,
+                     "distill_novel": 0.0}
 MODEL_FILES = {"executorch": "model.pte", "onnx": "model.onnx"}
 CHECKPOINTS = "checkpoints"
 STATE = "state.json"
@@ -78,6 +80,8 @@ class BuildConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     stages: list[str] | None = None  # default: the target profile's list
     vocab_corpus: str | None = None  # extra text, one utterance per line, whose pieces the vocabulary keeps
+    intents: list[str] | None = None  # build-time intent whitelist baked into the graph (None: all)
+    oos_far: float = 0.05  # without out-of-scope data: share of held-out in-scope utterances the threshold rejects
     # Overrides of the profile's [compress] table, e.g. {"vocab_budget": 0 (no budget), "param_share": 0.3,
     # "total_share", "distill_epochs", "distill_lr", "temperature", "alpha", "max_retries", "backoff"}.
     compress: dict = field(default_factory=dict)
@@ -97,6 +101,10 @@ class BuildConfig:
         share = self.compress.get("param_share")
         if share is not None and not 0 < share <= 1:
             raise EdgekitError(f"--param-share must be in (0, 1], got {share}")
+        if not 0 <= self.oos_far < 1:
+            raise EdgekitError(f"--oos-far must be in [0, 1), got {self.oos_far}")
+        if self.intents is not None and not self.intents:
+            raise EdgekitError("--intents is empty")
         if self.max_len is not None and not 8 <= self.max_len <= 512:
             raise EdgekitError(f"--max-len must be in 8..512, got {self.max_len}")
 
@@ -186,40 +194,119 @@ def stage_teacher(ctx: Context) -> tuple[dict, PassRecord]:
     return ctx.stage_row("teacher", rec.metrics, count_params(model), rec.bytes_after, rec.seconds), rec
 
 
-def _check_inputs(ctx: Context, n: int = 64) -> list[tuple[np.ndarray, np.ndarray]]:
+def _check_inputs(ctx: Context, decoding: bool, n: int = 64) -> list[list[np.ndarray]]:
+    """Real test utterances as graph inputs; decoded graphs also see a restricted intent mask and rejection off."""
+    from edgekit.runtime.predictor import model_inputs
+
     encs = [ctx.tokenizer.encode(ex.text, ctx.max_len) for ex in ctx.data.splits["test"][:n]]
-    return [(np.asarray([e.input_ids], dtype=np.int64), np.asarray([e.attention_mask], dtype=np.int64))
-            for e in encs]
+    n_int = len(ctx.data.intents)
+    some = np.arange(n_int) % 2 == 0  # every other intent allowed
+    return [model_inputs(e, n_int, decoding, some if decoding and k % 4 == 3 else None, k % 3 != 2)
+            for k, e in enumerate(encs)]
 
 
-def _runtime_answers(ctx: Context, runtime: str, path: Path) -> list[dict]:
+def _runtime_answers(ctx: Context, runtime: str, path: Path, decoding: bool, reject: bool = False) -> list[dict]:
     from edgekit.runtime.backends import BACKENDS
     from edgekit.runtime.predictor import Predictor
 
-    p = Predictor(BACKENDS[runtime](path), ctx.tokenizer, ctx.labels, ctx.max_len)
-    return [p.predict(ex.text, warn=False) for ex in ctx.data.splits["test"]]
+    p = Predictor(BACKENDS[runtime](path), ctx.tokenizer, ctx.labels, ctx.max_len, decoding)
+    return [p.predict(ex.text, warn=False, reject=reject) for ex in ctx.data.splits["test"]]
+
+
+def _decoding(ctx: Context):
+    """The decoding graph for this build: intent whitelist, intent-to-slot whitelist, out-of-scope policy.
+
+    With out-of-scope examples in dev, two policies are calibrated there and the better one (in-scope accuracy +
+    out-of-scope recall) kept: the trained oos class plus a confidence threshold, or a threshold on the in-scope
+    intents alone (oos class left out of the softmax). Without them, the threshold rejects `oos_far` of the
+    held-out in-scope (dev) utterances."""
+    from edgekit.converters.decoding import (
+        DecodingConfig,
+        best_threshold,
+        intent_slots_seen,
+        threshold_for_rate,
+        with_decoding,
+    )
+
+    data = ctx.data
+    allowed = ctx.cfg.intents
+    dev = [ex for ex in data.splits["dev"] if allowed is None or ex.intent in allowed or ex.intent == data.oos_label]
+    base = {"intents": data.intents, "slot_tags": data.slot_tags, "allowed_intents": allowed,
+            "oos_label": data.oos_label, "intent_slots": intent_slots_seen(data.splits["train"]) if data.has_slots
+            else None}
+    oos = data.oos_label
+    is_oos = np.array([ex.intent == oos for ex in dev]) if oos else np.zeros(len(dev), bool)
+
+    def answers(cfg):  # eager answers of the decoding graph without rejection
+        dm, _ = with_decoding(ctx.model, cfg)
+        return predict_eager(dm, dev, ctx.tokenizer, ctx.labels, ctx.max_len, reject=False)
+
+    if is_oos.any():
+        candidates = {}
+        for policy, in_softmax in (("oos class + threshold", True), ("threshold on in-scope intents", False)):
+            ans = answers(DecodingConfig(**base, oos_in_softmax=in_softmax))
+            conf = np.array([a["confidence"] for a in ans])
+            ok = np.array([a["intent"] == ex.intent for a, ex in zip(ans, dev)])
+            tau, figs = best_threshold(conf, ok, is_oos, np.array([a["intent"] == oos for a in ans]))
+            candidates[policy] = {"oos_in_softmax": in_softmax, "threshold": tau, "dev": figs}
+        policy = max(candidates, key=lambda k: sum(candidates[k]["dev"].values()))
+        chosen = candidates[policy]
+        info = {"policy": policy, "threshold": chosen["threshold"], "candidates": candidates,
+                "calibration": f"dev: {int((~is_oos).sum())} in-scope and {int(is_oos.sum())} out-of-scope "
+                               "utterances; threshold maximising in-scope accuracy + out-of-scope recall"}
+        cfg = DecodingConfig(**base, oos_in_softmax=chosen["oos_in_softmax"], threshold=chosen["threshold"])
+    else:
+        far = ctx.cfg.oos_far
+        conf = np.array([a["confidence"] for a in answers(DecodingConfig(**base))])
+        tau = threshold_for_rate(conf, far)
+        info = {"policy": "threshold (no out-of-scope data)", "threshold": tau, "oos_far": far,
+                "calibration": f"no out-of-scope examples: the threshold rejects {100 * far:.1f}% of the "
+                               f"{len(dev)} held-out in-scope (dev) utterances (--oos-far); out-of-scope recall "
+                               "cannot be measured on this data"}
+        cfg = DecodingConfig(**base, threshold=tau)
+    dm, rec = with_decoding(ctx.model, cfg)
+    rec.extra.update(info)
+    return dm, rec
 
 
 def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
-    """Export each of the target's runtimes, check vs eager, then score every artifact on the whole test split."""
+    """Export each of the target's runtimes with the decoding graph, check vs eager, score on the whole test split.
+
+    The raw graph (logits, argmax decoding) is exported next to it under checkpoints/, so that plain argmax and
+    constrained decoding are compared on the same runtime, and so is their latency (package stage)."""
     from edgekit.converters.export_executorch import ExecuTorchExportConfig, export_executorch
     from edgekit.converters.export_onnx import OnnxExportConfig, export_onnx
+    from edgekit.metrics import invalid_bio
 
     t0 = time.perf_counter()
     exporters = {"executorch": (export_executorch, ExecuTorchExportConfig(ctx.max_len)),
                  "onnx": (export_onnx, OnnxExportConfig(ctx.max_len))}
-    checks = _check_inputs(ctx)
+    decoded, drec = _decoding(ctx)
     test = ctx.data.splits["test"]
-    eager = predict_eager(ctx.model, test, ctx.tokenizer, ctx.labels, ctx.max_len)
+    eager = predict_eager(decoded, test, ctx.tokenizer, ctx.labels, ctx.max_len, reject=False)
     rec = PassRecord("export", params_before=count_params(ctx.model), params_after=count_params(ctx.model))
+    rec.extra["decoding"] = drec.to_dict()["extra"]
     for runtime in ctx.target.runtimes:
         fn, ecfg = exporters[runtime]
         # Staged under checkpoints/: the package in OUT/ changes only when the package stage completes.
         path = ctx.ckpt_dir / MODEL_FILES[runtime]
-        r = fn(ctx.model, ecfg, path, checks)
-        answers = _runtime_answers(ctx, runtime, path)
+        raw_path = ctx.ckpt_dir / ("raw." + MODEL_FILES[runtime].split(".")[-1])
+        r = fn(decoded, ecfg, path, _check_inputs(ctx, True))
+        answers = _runtime_answers(ctx, runtime, path, True)
         r.metrics = score(test, answers, ctx.labels)
         r.extra["agreement_with_eager"] = agreement(answers, eager)
+        raw = fn(ctx.model, ecfg, raw_path, _check_inputs(ctx, False))
+        raw_answers = _runtime_answers(ctx, runtime, raw_path, False)
+        shipped = _runtime_answers(ctx, runtime, path, True, reject=True)  # as the app gets them by default
+        rejecting = score(test, shipped, ctx.labels)
+        r.extra["decoding"] = {
+            "argmax": {"slot_f1": score(test, raw_answers, ctx.labels).get("slot_f1"),
+                       "invalid_bio": invalid_bio([a.get("tags") for a in raw_answers])},
+            "constrained": {"slot_f1": r.metrics.get("slot_f1"),
+                            "invalid_bio": invalid_bio([a.get("tags") for a in answers])},
+            "with_rejection": {k: rejecting.get(k) for k in ("intent_acc", "in_scope_acc", "oos_recall")},
+            "rejected_share": sum(a["intent"] == (ctx.data.oos_label or OOS) for a in shipped) / len(test),
+            "raw_parity": raw.extra["parity"], "raw_bytes": raw.bytes_after}
         rec.extra[runtime] = r.to_dict()
         rec.warnings += r.warnings
         log.info("%s: %s bytes, agreement with eager %.4f, max abs diff %.2e", runtime, r.bytes_after,
@@ -227,6 +314,7 @@ def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
     primary = rec.extra[ctx.target.primary_runtime]
     rec.metrics, rec.bytes_after = primary["metrics"], primary["bytes_after"]
     rec.seconds = time.perf_counter() - t0
+    ctx.cache["decoding"] = rec.extra["decoding"]
     row = ctx.stage_row("export", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds)
     row["runtime"] = ctx.target.primary_runtime
     return row, rec
@@ -234,9 +322,11 @@ def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
 
 def stage_package(ctx: Context) -> tuple[dict, PassRecord]:
     """Write tokenizer, labels and manifest; reload the package as an app would; measure it."""
+    from edgekit.runtime.backends import BACKENDS
     from edgekit.runtime.predictor import Predictor
 
     t0 = time.perf_counter()
+    dec = next(r for r in ctx.records if r["name"] == "export")["extra"]["decoding"]
     for runtime in ctx.target.runtimes:
         write_bytes(ctx.out / MODEL_FILES[runtime], (ctx.ckpt_dir / MODEL_FILES[runtime]).read_bytes())
     ctx.tokenizer.save(ctx.out / "tokenizer.model")
@@ -254,8 +344,15 @@ def stage_package(ctx: Context) -> tuple[dict, PassRecord]:
         "labels": "labels.json",
         "label_sets": {"intents": len(ctx.data.intents), "slot_tags": len(ctx.data.slot_tags)},
         "inputs": [{"name": "input_ids", "dtype": "int64", "shape": [1, ctx.max_len]},
-                   {"name": "attention_mask", "dtype": "int64", "shape": [1, ctx.max_len]}],
-        "outputs": ["intent_logits"] + (["slot_logits"] if ctx.data.has_slots else []),
+                   {"name": "attention_mask", "dtype": "int64", "shape": [1, ctx.max_len]},
+                   {"name": "word_starts", "dtype": "bool", "shape": [1, ctx.max_len]},
+                   {"name": "intent_mask", "dtype": "bool", "shape": [len(ctx.data.intents)]},
+                   {"name": "reject", "dtype": "bool", "shape": [1]}],
+        "outputs": ["intent", "confidence"] + (["tags"] if ctx.data.has_slots else []),
+        # The graph decodes: intent id (the id after the last intent is the reserved oos answer unless the data
+        # has its own oos class), its confidence over the allowed intents, and one BIO tag id per word.
+        "decoding": {k: dec[k] for k in ("policy", "threshold", "oos_id", "allowed_intents")}
+        | {"oos_answer": ctx.data.oos_label or OOS},
         "models": {r: MODEL_FILES[r] for r in ctx.target.runtimes},
         "primary_runtime": ctx.target.primary_runtime,
         "files": {f: {"sha256": sha256(ctx.out / f), "bytes": (ctx.out / f).stat().st_size} for f in files},
@@ -272,9 +369,19 @@ def stage_package(ctx: Context) -> tuple[dict, PassRecord]:
     rec = PassRecord("package", params_after=count_params(ctx.model), bytes_after=ctx.package["size_bytes"])
     for runtime in ctx.target.runtimes:
         p = Predictor.open(pkg, runtime, threads=ctx.target.bench_threads)
-        lat = p.latency(texts)
+        # The same model without the decoding graph, measured in the same run: what decoding costs.
+        raw_path = ctx.ckpt_dir / ("raw." + MODEL_FILES[runtime].split(".")[-1])
+        backend = BACKENDS[runtime](raw_path) if runtime == "executorch" else BACKENDS[runtime](
+            raw_path, ctx.target.bench_threads)
+        raw = Predictor(backend, p.tokenizer, p.labels, p.max_len, decoding=False)
+        # Two alternating rounds, the faster of each: both sides see the same machine state.
+        rounds = [(p.latency(texts), raw.latency(texts)) for _ in range(2)]
+        lat, lat_raw = (min((r[k] for r in rounds), key=lambda x: x["p50_ms"]) for k in (0, 1))
         ctx.latency[runtime] = {"p50_ms": round(lat["p50_ms"], 3), "p99_ms": round(lat["p99_ms"], 3),
-                                "threads": ctx.target.bench_threads, "n": lat["n"], "max_len": ctx.max_len}
+                                "threads": ctx.target.bench_threads, "n": lat["n"], "max_len": ctx.max_len,
+                                "without_decoding": {"p50_ms": round(lat_raw["p50_ms"], 3),
+                                                     "p99_ms": round(lat_raw["p99_ms"], 3)},
+                                "decoding_overhead": lat["p50_ms"] / lat_raw["p50_ms"] - 1}
         if runtime == ctx.target.primary_runtime:
             test = ctx.data.splits["test"]
             rec.metrics = score(test, [p.predict(ex.text, warn=False) for ex in test], ctx.labels)
@@ -415,7 +522,8 @@ def stage_distill(ctx: Context) -> tuple[dict, PassRecord]:
                             dev=ctx.data.splits["dev"], labels=ctx.labels, temperature=c["temperature"],
                             alpha=c["alpha"], hidden_weight=c["hidden_weight"], layer_map=layer_map,
                             epochs=c["distill_epochs"], lr=c["distill_lr"], seed=ctx.cfg.seed,
-                            max_len=ctx.max_len,
+                            max_len=ctx.max_len, augment=c["distill_augment"],
+                            novel_share=c["distill_novel"],
                             steps_limit=ctx.cfg.train.steps_limit)
         model, rec = distill(copy.deepcopy(ctx.model), cfg)
         dev = ctx.evaluate(model, ctx.tokenizer, "dev")
@@ -506,6 +614,9 @@ def prepare(cfg: BuildConfig) -> Context:
     max_len, stats = choose_max_len(tokenizer, texts, hf.get("max_position_embeddings", 512))
     if cfg.max_len:
         max_len = stats["max_len"] = cfg.max_len
+    unknown = [i for i in cfg.intents or [] if i not in data.intents]
+    if unknown:
+        raise EdgekitError(f"--intents: unknown intent {unknown[0]!r}; {cfg.data} has: {', '.join(data.intents)}")
     stages = list(cfg.stages or target.stages)
     ctx = Context(cfg, target, data, tokenizer, Path(cfg.out), max_len, stats, base_rows=rows, stages=stages)
     if any(s in stages for s in ("trim_vocab", "prune", "distill")):

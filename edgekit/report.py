@@ -47,6 +47,7 @@ def render_markdown(rep: dict) -> str:
                 lines.append(f"| {rt} | {_pct(e['extra']['agreement_with_eager'])} | "
                              f"{e['extra']['parity']['max_abs_diff']:.2e} | {_pct(e['metrics']['intent_acc'])} | "
                              f"{_pct(e['metrics'].get('slot_f1'))} |")
+    lines += _decoding(export)
     if rep.get("package"):
         pk = rep["package"]
         lines += ["", "## Package", "",
@@ -56,9 +57,13 @@ def render_markdown(rep: dict) -> str:
         lines += [f"| {f} | {b:,} |" for f, b in pk["files"].items()]
     if rep.get("latency"):
         lines += ["", "## Latency (model call, single utterance, after warm-up, real test utterances)", "",
-                  "| runtime | p50 ms | p99 ms | threads | sequence length |", "|---|---:|---:|---:|---:|"]
+                  "| runtime | p50 ms | p99 ms | p50 ms without decoding | decoding overhead (p50) | threads | "
+                  "sequence length |", "|---|---:|---:|---:|---:|---:|---:|"]
         for rt, lat in rep["latency"].items():
-            lines.append(f"| {rt} | {lat['p50_ms']:.2f} | {lat['p99_ms']:.2f} | {lat['threads']} | {lat['max_len']} |")
+            raw = lat.get("without_decoding")
+            lines.append(f"| {rt} | {lat['p50_ms']:.2f} | {lat['p99_ms']:.2f} | "
+                         + (f"{raw['p50_ms']:.2f} | {100 * lat['decoding_overhead']:+.1f}% |" if raw else "— | — |")
+                         + f" {lat['threads']} | {lat['max_len']} |")
         lines += ["", "Measured on the build machine's CPU through the ExecuTorch and ONNX Runtime Python bindings "
                   "(the same C++ runtimes an app links); no phone was measured."]
     warns = [w for p in rep.get("passes", []) for w in p.get("warnings", [])]
@@ -119,4 +124,29 @@ def _compression(rep: dict) -> list[str]:
                      + (f" ({passes['distill']['params_after']:,} of {teacher['params_after']:,})" if teacher else "")
                      + ".")
         lines += _tries(passes["distill"])
+    return lines
+
+
+def _decoding(export: dict | None) -> list[str]:
+    """The decoding graph: out-of-scope policy, argmax against constrained slots, rejection figures."""
+    if not export or "decoding" not in export["extra"]:
+        return []
+    d = export["extra"]["decoding"]
+    lines = ["", "## Decoding in the graph (test split)", "",
+             f"Intents allowed by the build: {', '.join(d['allowed_intents']) if d['allowed_intents'] else 'all'}. "
+             f"Out-of-scope: {d['policy']}, confidence threshold {d['threshold']:.4f}; {d['calibration']}."]
+    for name, c in d.get("candidates", {}).items():
+        lines.append(f"- dev, {name}: threshold {c['threshold']:.4f}, in-scope accuracy {_pct(c['dev']['in_scope_acc'])}, "
+                     f"out-of-scope recall {_pct(c['dev']['oos_recall'])}")
+    lines += ["", "| runtime | slot F1 argmax | slot F1 constrained | invalid BIO argmax | invalid BIO constrained | "
+              "intent acc with rejection | in-scope acc | OOS recall | rejected |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for rt in ("executorch", "onnx"):
+        if rt in export["extra"]:
+            e = export["extra"][rt]["extra"]["decoding"]
+            w = e["with_rejection"]
+            lines.append(f"| {rt} | {_pct(e['argmax']['slot_f1'])} | {_pct(e['constrained']['slot_f1'])} | "
+                         f"{e['argmax']['invalid_bio']} | {e['constrained']['invalid_bio']} | {_pct(w['intent_acc'])} | "
+                         f"{_pct(w.get('in_scope_acc'))} | {_pct(w.get('oos_recall'))} | {_pct(e['rejected_share'])} |")
+    lines += ["", "Argmax: the same model exported without the decoding graph. The stage rows above score the graph "
+              "with rejection off (the model's own answers); the package row scores it as shipped (rejection on)."]
     return lines

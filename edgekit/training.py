@@ -108,19 +108,32 @@ def joint_loss(outputs, intents: torch.Tensor, slots: torch.Tensor | None, slot_
 
 @torch.no_grad()
 def predict_eager(model: JointModel, examples: list[Example], tokenizer, labels: dict, max_len: int,
-                  batch_size: int = 128) -> list[dict]:
-    """Decode examples with the eager model through the runtime's own decoder (same answer format)."""
+                  batch_size: int = 128, reject: bool = True, intent_mask: list[bool] | None = None) -> list[dict]:
+    """Decode examples with the eager model through the runtime's own decoder (same answer format).
+
+    A model with in-graph decoding (edgekit.converters.decoding.DecodedModel) runs at the package's fixed
+    length; `intent_mask` (default: all intents) and `reject` are its run-time inputs."""
     model.eval()
+    decoded = getattr(model, "decoding", False)
     feats = featurize(examples, tokenizer, labels, max_len)
     # Sorting by length keeps padding (and so wasted compute) small; the order is restored below.
     order = sorted(range(len(examples)), key=lambda i: len(feats.ids[i]))
     res: dict[int, dict] = {}
     for s in range(0, len(order), batch_size):
         idx = order[s:s + batch_size]
-        ids, mask, _, _ = collate(feats, idx, tokenizer.pad_id)
-        outputs = [o.numpy() for o in model(ids, mask)]
+        if decoded:
+            encs = [feats.encodings[i] for i in idx]
+            ids = torch.tensor([e.input_ids for e in encs])  # (B, T) at the fixed length
+            mask = torch.tensor([e.attention_mask for e in encs])
+            starts = torch.tensor([[w >= 0 for w in e.word_index] for e in encs])
+            allowed = torch.ones(len(labels["intents"]), dtype=torch.bool) if intent_mask is None else torch.tensor(
+                intent_mask, dtype=torch.bool)  # (I,)
+            outputs = [o.numpy() for o in model(ids, mask, starts, allowed, torch.tensor([reject]))]
+        else:
+            ids, mask, _, _ = collate(feats, idx, tokenizer.pad_id)
+            outputs = [o.numpy() for o in model(ids, mask)]
         for b, i in enumerate(idx):
-            res[i] = decode(examples[i].text, feats.encodings[i], [o[b:b + 1] for o in outputs], labels)
+            res[i] = decode(examples[i].text, feats.encodings[i], [o[b:b + 1] for o in outputs], labels, decoded)
     return [res[i] for i in range(len(examples))]
 
 

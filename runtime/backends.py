@@ -67,10 +67,11 @@ class ExecuTorchBackend:
             self.program = Runtime.get().load_program(Path(path))
             self.method = self.program.load_method(method)
 
-    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> list[np.ndarray]:
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """Inputs in the graph's order (see the manifest's `inputs`)."""
         import torch
 
-        outs = self.method.execute([torch.from_numpy(input_ids), torch.from_numpy(attention_mask)])
+        outs = self.method.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in inputs])
         return [o.numpy() for o in outs]
 
 
@@ -90,8 +91,9 @@ class OnnxBackend:
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.threads = threads
 
-    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> list[np.ndarray]:
-        return self.session.run(None, dict(zip(self.input_names, (input_ids, attention_mask))))
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """Inputs in the graph's order (see the manifest's `inputs`)."""
+        return self.session.run(None, dict(zip(self.input_names, inputs)))
 
 
 BACKENDS = {"executorch": ExecuTorchBackend, "onnx": OnnxBackend}

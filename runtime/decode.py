@@ -6,6 +6,8 @@ import numpy as np
 
 from edgekit.runtime.tokenizer import Encoding
 
+OOS = "oos"  # the reserved intent a package answers when it rejects an utterance as out of scope
+
 
 def softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(-1, keepdims=True))
@@ -39,12 +41,25 @@ def spans(words: list[tuple[str, int, int]], text: str, tags: list[str]) -> list
     return out
 
 
-def decode(text: str, enc: Encoding, outputs: list[np.ndarray], labels: dict) -> dict:
-    """outputs: [intent_logits (1, I)] or [intent_logits (1, I), slot_logits (1, T, S)]."""
-    probs = softmax(np.asarray(outputs[0], dtype=np.float64)[0])
-    k = int(probs.argmax())
-    tags = word_tags(outputs[1][0], enc, labels["slot_tags"]) if len(outputs) > 1 else None
-    result = {"intent": labels["intents"][k], "confidence": float(probs[k]),
+def intent_name(k: int, labels: dict) -> str:
+    """Intent id -> name; the id after the last intent is the reserved out-of-scope answer."""
+    return labels["intents"][k] if k < len(labels["intents"]) else labels.get("oos_label") or OOS
+
+
+def decode(text: str, enc: Encoding, outputs: list[np.ndarray], labels: dict, decoded: bool = False) -> dict:
+    """Raw graph: outputs [intent_logits (1, I)] or [intent_logits (1, I), slot_logits (1, T, S)], decoded here
+    by argmax. Decoded graph (decoded=True): [intent (1,), confidence (1,)] or [..., tags (1, T)], final ids."""
+    if decoded:
+        k, conf = int(np.asarray(outputs[0]).reshape(-1)[0]), float(np.asarray(outputs[1]).reshape(-1)[0])
+        tags = None
+        if len(outputs) > 2:  # word tags for the words that fit; words cut by truncation get O
+            ids = np.asarray(outputs[2])[0, : enc.n_words_kept]
+            tags = [labels["slot_tags"][int(i)] for i in ids] + ["O"] * (len(enc.words) - enc.n_words_kept)
+    else:
+        probs = softmax(np.asarray(outputs[0], dtype=np.float64)[0])
+        k, conf = int(probs.argmax()), float(probs.max())
+        tags = word_tags(outputs[1][0], enc, labels["slot_tags"]) if len(outputs) > 1 else None
+    result = {"intent": intent_name(k, labels), "confidence": conf,
               "slots": spans(enc.words, text, tags) if tags else []}
     if tags is not None:
         result["tags"] = tags

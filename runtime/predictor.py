@@ -25,11 +25,24 @@ def load_tokenizer(pkg: Package):
     raise ValueError(f"unknown tokenizer type {spec['type']!r}")
 
 
+def model_inputs(enc: Encoding, n_intents: int, decoding: bool, intent_mask: np.ndarray | None = None,
+                 reject: bool = True) -> list[np.ndarray]:
+    """The graph's inputs for one utterance, in the manifest's order."""
+    ids = np.asarray([enc.input_ids], dtype=np.int64)  # (1, T)
+    mask = np.asarray([enc.attention_mask], dtype=np.int64)  # (1, T)
+    if not decoding:
+        return [ids, mask]
+    starts = np.asarray([[w >= 0 for w in enc.word_index]], dtype=bool)  # (1, T): first piece of each word
+    allowed = np.ones(n_intents, dtype=bool) if intent_mask is None else np.asarray(intent_mask, dtype=bool)  # (I,)
+    return [ids, mask, starts, allowed, np.asarray([reject], dtype=bool)]
+
+
 class Predictor:
     """`Predictor.open("build/snips-android").predict("play queen")` -> {"intent", "confidence", "slots"}."""
 
-    def __init__(self, backend, tokenizer, labels: dict, max_len: int):
+    def __init__(self, backend, tokenizer, labels: dict, max_len: int, decoding: bool = False):
         self.backend, self.tokenizer, self.labels, self.max_len = backend, tokenizer, labels, max_len
+        self.decoding = decoding  # the graph decodes (intent mask, rejection, Viterbi) and returns final ids
 
     @classmethod
     def open(cls, package: str | Path | Package, runtime: str = "executorch", threads: int = 1) -> "Predictor":
@@ -39,7 +52,19 @@ class Predictor:
             raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(BACKENDS)}")
         path = pkg.model_path(runtime)
         backend = BACKENDS[runtime](path) if runtime == "executorch" else BACKENDS[runtime](path, threads)
-        return cls(backend, load_tokenizer(pkg), pkg.labels, pkg.max_len)
+        return cls(backend, load_tokenizer(pkg), pkg.labels, pkg.max_len, bool(pkg.manifest.get("decoding")))
+
+    def intent_mask(self, allow: list[str] | None) -> np.ndarray | None:
+        """Names -> the `intent_mask` input (None: all intents allowed)."""
+        if allow is None:
+            return None
+        if not self.decoding:
+            raise ValueError("this package's graph has no intent_mask input (built without decoding)")
+        intents = self.labels["intents"]
+        unknown = [a for a in allow if a not in intents]
+        if unknown:
+            raise ValueError(f"unknown intent {unknown[0]!r}; the package knows: {', '.join(intents)}")
+        return np.asarray([i in allow for i in intents], dtype=bool)
 
     def encode(self, text: str, warn: bool = True) -> Encoding:
         enc = self.tokenizer.encode(text, self.max_len)
@@ -48,23 +73,26 @@ class Predictor:
                         self.tokenizer.length(text), self.max_len, enc.n_words_kept)
         return enc
 
-    def run(self, enc: Encoding) -> list[np.ndarray]:
-        ids = np.asarray([enc.input_ids], dtype=np.int64)  # (1, T)
-        mask = np.asarray([enc.attention_mask], dtype=np.int64)  # (1, T)
-        return self.backend.run(ids, mask)
+    def run(self, enc: Encoding, intent_mask: np.ndarray | None = None, reject: bool = True) -> list[np.ndarray]:
+        return self.backend.run(*model_inputs(enc, len(self.labels["intents"]), self.decoding, intent_mask, reject))
 
-    def predict(self, text: str, warn: bool = True) -> dict:
+    def predict(self, text: str, warn: bool = True, allow_intents: list[str] | None = None,
+                reject: bool = True) -> dict:
+        """Answer one utterance. allow_intents restricts the answer to those intents (the confidence is
+        renormalised over them); reject=False turns out-of-scope rejection off."""
         enc = self.encode(text, warn)
-        return decode(text, enc, self.run(enc), self.labels)
+        out = self.run(enc, self.intent_mask(allow_intents), reject)
+        return decode(text, enc, out, self.labels, self.decoding)
 
     def latency(self, texts: list[str], warmup: int = 20) -> dict:
         """Single-utterance latency of the model call (tokenize and decode excluded), after warm-up."""
         encs = [self.tokenizer.encode(t, self.max_len) for t in texts]
-        for enc in encs[:warmup]:
-            self.run(enc)
+        inputs = [model_inputs(e, len(self.labels["intents"]), self.decoding) for e in encs]
+        for x in inputs[:warmup]:
+            self.backend.run(*x)
         times = []
-        for enc in encs:
+        for x in inputs:
             t0 = time.perf_counter()
-            self.run(enc)
+            self.backend.run(*x)
             times.append((time.perf_counter() - t0) * 1000)
         return {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99)), "n": len(times)}

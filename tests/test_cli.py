@@ -74,3 +74,14 @@ def test_predict_json_on_built_package(tmp_path, tiny_bert):
     long = run("predict", str(out), "alarm " * 300)
     assert long.returncode == 0 and "truncated" in long.stderr
     assert_one_line_error(run("predict", str(out), "hi", "--runtime", "tflite"), "unknown --runtime")
+    allowed = json.loads((out / "labels.json").read_text())["intents"][:2]
+    for rt in ("executorch", "onnx"):
+        r = run("predict", str(out), "set an alarm for 7 am", "--runtime", rt, "--allow-intents", ",".join(allowed),
+                "--no-reject")
+        assert r.returncode == 0 and json.loads(r.stdout)["intent"] in allowed, r.stderr[-2000:]
+    assert_one_line_error(run("predict", str(out), "hi", "--allow-intents", "dance"), "unknown intent 'dance'")
+
+
+def test_unknown_build_intent_is_one_line(tmp_path):
+    assert_one_line_error(run("build", "--data", str(DEMO), "--out", str(tmp_path / "o"), "--intents", "nope"),
+                          "--intents", "'nope'")

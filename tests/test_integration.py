@@ -31,3 +31,4 @@ def test_minilm_on_snips_slice(tmp_path):
     assert teacher["intent_acc"] >= 0.85 and teacher["slot_f1"] >= 0.5
     for rt in ("executorch", "onnx"):
         assert export["extra"][rt]["extra"]["agreement_with_eager"] >= 0.97
+        assert export["extra"][rt]["extra"]["decoding"]["constrained"]["invalid_bio"] == 0

@@ -80,10 +80,41 @@ def test_eval_runs_the_package_and_compares_with_eager(built):
     from edgekit.evaluate import evaluate_package
 
     out, rep = built
-    res = evaluate_package(out, DEMO, "onnx")
+    res = evaluate_package(out, DEMO, "onnx", reject=False)
     assert res["n"] == rep["dataset"]["sizes"]["test"]
     assert res["agreement_with_eager"] >= 0.995
     assert res["intent_acc"] == pytest.approx(rep["stages"][0]["intent_acc"], abs=0.02)
+    shipped = evaluate_package(out, DEMO, "executorch")  # rejection on, as the app gets it
+    assert shipped["agreement_with_eager"] >= 0.995 and shipped["invalid_bio"] == 0
+
+
+def test_decoding_graph_in_report(built):
+    out, rep = built
+    export = next(p for p in rep["passes"] if p["name"] == "export")["extra"]
+    d = export["decoding"]
+    assert d["policy"].startswith("threshold") and 0 < d["threshold"] < 1 and d["oos_far"] == 0.05
+    for rt in ("executorch", "onnx"):
+        e = export[rt]["extra"]["decoding"]
+        assert e["constrained"]["invalid_bio"] == 0
+        # the threshold was set to reject 5% of dev: on test the share is of the same order
+        assert 0 < e["rejected_share"] < 0.2
+        lat = rep["latency"][rt]
+        assert lat["without_decoding"]["p50_ms"] > 0 and "decoding_overhead" in lat
+    assert "## Decoding in the graph" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("runtime", ["executorch", "onnx"])
+def test_allow_intents_restricts_every_answer(built, runtime):
+    from edgekit.data import load_dataset
+
+    out, _ = built
+    p = Predictor.open(out, runtime)
+    allow = p.labels["intents"][:2]
+    test = load_dataset(DEMO).splits["test"]
+    assert {p.predict(ex.text, allow_intents=allow, reject=False)["intent"] for ex in test} <= set(allow)
+    assert {p.predict(ex.text, allow_intents=allow)["intent"] for ex in test} <= set(allow) | {"oos"}
+    with pytest.raises(ValueError, match="unknown intent"):
+        p.predict("hi", allow_intents=["dance"])
 
 
 def test_resume_skips_completed_stages(built, tiny_bert, tmp_path):
@@ -113,7 +144,7 @@ def test_intent_only_csv_build(tmp_path, tiny_bert):
     assert rep["dataset"]["format"] == "csv" and rep["dataset"]["slot_tags"] == 0
     assert all(s["slot_f1"] is None for s in rep["stages"])
     pkg = Package.load(out)
-    assert pkg.manifest["outputs"] == ["intent_logits"]
+    assert pkg.manifest["outputs"] == ["intent", "confidence"]
     for rt in ("executorch", "onnx"):
-        ans = Predictor.open(pkg, rt).predict("call mom")
+        ans = Predictor.open(pkg, rt).predict("call mom", reject=False)
         assert ans["slots"] == [] and ans["intent"] in pkg.labels["intents"]

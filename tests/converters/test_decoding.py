@@ -1,0 +1,174 @@
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from edgekit.converters.decoding import (
+    DecodingConfig,
+    best_threshold,
+    bio_transitions,
+    intent_slot_table,
+    threshold_for_rate,
+    viterbi,
+    with_decoding,
+    words_of,
+)
+from edgekit.model import JointModel, ModelConfig
+
+TAGS = ["O", "B-a", "I-a", "B-b", "I-b"]
+INTENTS = ["play", "stop", "weather"]
+L = 16
+
+
+def brute_force(emit, pos, trans):
+    """Best-scoring tag sequence over the word positions, by enumeration."""
+    best, arg = None, None
+    for path in itertools.product(range(emit.shape[-1]), repeat=len(pos)):
+        sc, prev = 0.0, 0
+        for p, t in zip(pos, path):
+            sc += float(trans[prev, t] + emit[p, t])
+            prev = t
+        if best is None or sc > best:
+            best, arg = sc, path
+    return list(arg)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_viterbi_matches_brute_force(seed):
+    g = torch.Generator().manual_seed(seed)
+    T, S = 8, len(TAGS)
+    emit = torch.randn(1, T, S, generator=g) * 3  # (B, T, S)
+    n_words = int(torch.randint(1, 5, (1,), generator=g))
+    pos = sorted({1, *torch.randperm(T - 2, generator=g)[: n_words - 1].add(1).tolist()})
+    starts = torch.zeros(1, T, dtype=torch.bool)
+    starts[0, pos] = True
+    trans = bio_transitions(TAGS)
+    got = words_of(viterbi(emit, starts, trans), starts, 0)[0].tolist()
+    assert got[: len(pos)] == brute_force(emit[0], pos, trans)
+    assert got[len(pos):] == [0] * (T - len(pos))
+
+
+def test_viterbi_output_is_valid_bio_where_argmax_is_not():
+    # Emissions that argmax to "O I-a O": I-a after O is invalid.
+    emit = torch.full((1, 5, 5), -5.0)
+    emit[0, 1, 0] = 5
+    emit[0, 2, 2] = 5
+    emit[0, 2, 1] = 4
+    emit[0, 3, 0] = 5
+    starts = torch.tensor([[False, True, True, True, False]])
+    tags = [TAGS[i] for i in words_of(viterbi(emit, starts, bio_transitions(TAGS)), starts, 0)[0, :3]]
+    assert tags == ["O", "B-a", "O"]  # I-a after O is not allowed; the next best B-a is
+    for prev, cur in zip(["O"] + tags, tags):
+        assert not cur.startswith("I-") or prev[2:] == cur[2:]
+
+
+def test_transitions_block_only_invalid_moves():
+    t = bio_transitions(TAGS)
+    assert t[0, 2] < 0 and t[3, 2] < 0 and t[4, 2] < 0  # O, B-b, I-b -> I-a
+    assert t[1, 2] == 0 and t[2, 2] == 0 and t[0, 1] == 0 and t[2, 3] == 0
+
+
+def test_intent_slot_table():
+    table = intent_slot_table(INTENTS, TAGS, {"play": {"a"}, "stop": set()}, len(INTENTS) + 1)
+    assert table[0].tolist() == [0, 0, 0, -1e4, -1e4]
+    assert (table[1, 1:] < 0).all() and table[1, 0] == 0  # no slots seen with "stop": only O
+    assert (table[3, 1:] < 0).all()  # the reserved oos id: only O
+
+
+def tiny(n_slots=len(TAGS)):
+    torch.manual_seed(0)
+    return JointModel(ModelConfig(vocab_size=60, hidden=16, heads=[2, 4], ffn=[32, 16], head_dim=4,
+                                  n_intents=len(INTENTS), n_slots=n_slots)).eval()
+
+
+def graph_inputs(n=4, mask=None, reject=True):
+    rng = np.random.default_rng(0)
+    out = []
+    for k in range(n):
+        ids = rng.integers(4, 60, (1, L)).astype(np.int64)
+        att = np.ones((1, L), dtype=np.int64)
+        att[0, 6 + k:] = 0
+        starts = np.zeros((1, L), dtype=bool)
+        starts[0, [1, 2, 4, 5][: 2 + k % 3]] = True
+        allowed = np.ones(len(INTENTS), bool) if mask is None else np.asarray(mask)
+        out.append([ids, att, starts, allowed, np.asarray([reject])])
+    return out
+
+
+def run_eager(model, arrays):
+    with torch.no_grad():
+        return [o.numpy() for o in model(*(torch.from_numpy(a) for a in arrays))]
+
+
+def test_intent_mask_renormalises_over_allowed_intents():
+    raw = tiny()
+    dm, rec = with_decoding(raw, DecodingConfig(INTENTS, TAGS))
+    assert rec.extra["oos_id"] == len(INTENTS)
+    for arrays in graph_inputs():
+        with torch.no_grad():
+            logits = raw(torch.from_numpy(arrays[0]), torch.from_numpy(arrays[1]))[0][0]
+        for allowed in ([True, False, True], [False, True, False]):
+            arrays[3] = np.asarray(allowed)
+            intent, conf, _ = run_eager(dm, arrays)
+            ok = torch.tensor(allowed)
+            probs = torch.softmax(logits[ok], -1)
+            assert allowed[intent[0]]
+            assert intent[0] == torch.arange(len(INTENTS))[ok][probs.argmax()]
+            assert conf[0] == pytest.approx(float(probs.max()), abs=1e-5)
+
+
+def test_build_time_whitelist_and_rejection():
+    dm, _ = with_decoding(tiny(), DecodingConfig(INTENTS, TAGS, allowed_intents=["stop"]))
+    for arrays in graph_inputs():
+        assert run_eager(dm, arrays)[0][0] == 1
+    always, _ = with_decoding(tiny(), DecodingConfig(INTENTS, TAGS, threshold=1.0))  # rejects everything
+    for arrays in graph_inputs():
+        intent, _, tags = run_eager(always, arrays)
+        assert intent[0] == len(INTENTS) and (tags == 0).all()  # oos answers no slots
+        arrays[4] = np.asarray([False])  # --no-reject
+        assert run_eager(always, arrays)[0][0] < len(INTENTS)
+    with pytest.raises(ValueError, match="unknown intent"):
+        DecodingConfig(INTENTS, TAGS, allowed_intents=["dance"])
+
+
+def test_slots_follow_the_intent_whitelist_and_bio():
+    dm, _ = with_decoding(tiny(), DecodingConfig(INTENTS, TAGS, intent_slots={"play": {"a"}, "stop": {"b"},
+                                                                              "weather": set()}))
+    allowed = {0: {"a"}, 1: {"b"}, 2: set()}
+    for arrays in graph_inputs(8):
+        intent, _, tags = run_eager(dm, arrays)
+        n = int(arrays[2].sum())
+        names = [TAGS[i] for i in tags[0, :n]]
+        assert {t[2:] for t in names if t != "O"} <= allowed[int(intent[0])]
+        for prev, cur in zip(["O"] + names, names):
+            assert not cur.startswith("I-") or prev[2:] == cur[2:]
+
+
+def test_threshold_calibration():
+    conf = np.linspace(0.01, 1.0, 100)
+    assert threshold_for_rate(conf, 0.05) == pytest.approx(np.quantile(conf, 0.05))
+    assert (conf < threshold_for_rate(conf, 0.05)).mean() == pytest.approx(0.05, abs=0.011)
+    assert threshold_for_rate(conf, 0.0) == 0.0
+    with pytest.raises(ValueError):
+        threshold_for_rate(conf, 1.5)
+    # Out-of-scope utterances have low confidence here: the best threshold separates them.
+    rng = np.random.default_rng(0)
+    c = np.concatenate([rng.uniform(0.6, 1.0, 90), rng.uniform(0.1, 0.5, 10)])
+    is_oos = np.arange(100) >= 90
+    tau, figs = best_threshold(c, ~is_oos, is_oos, np.zeros(100, bool))
+    assert 0.5 < tau <= c[:90].min() and figs == {"in_scope_acc": 1.0, "oos_recall": 1.0}
+
+
+@pytest.mark.parametrize("n_slots", [len(TAGS), 0])
+def test_decoding_graph_exports_to_both_runtimes(tmp_path, n_slots):
+    from edgekit.converters.export_executorch import ExecuTorchExportConfig, export_executorch
+    from edgekit.converters.export_onnx import OnnxExportConfig, export_onnx
+
+    dm, _ = with_decoding(tiny(n_slots), DecodingConfig(INTENTS, TAGS, threshold=0.4))
+    checks = graph_inputs(6) + graph_inputs(2, mask=[False, True, True], reject=False)
+    for rec in (export_executorch(dm, ExecuTorchExportConfig(L), tmp_path / "m.pte", checks),
+                export_onnx(dm, OnnxExportConfig(L), tmp_path / "m.onnx", checks)):
+        p = rec.extra["parity"]
+        assert p["intent_argmax_agree"] == 1.0 and p["max_abs_diff"] < 1e-4
+        assert p["slot_argmax_agree"] == (1.0 if n_slots else None)
