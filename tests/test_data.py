@@ -131,3 +131,26 @@ def test_stratified_split_is_deterministic_and_keeps_rare_intents():
     keep2, held2 = stratified_split(exs, 0.1, seed=3)
     assert [e.text for e in held] == [e.text for e in held2] and len(held) == 2
     assert any(e.intent == "rare" for e in keep)
+
+
+def test_swap_mentions_keeps_bio_and_draws_values_of_the_same_slot():
+    from edgekit.data import Example, _mentions, open_slots, swap_mentions
+
+    train = [Example(["play", "abba"], "play", ["O", "B-artist"]),
+             Example(["play", "led", "zeppelin", "now"], "play", ["O", "B-artist", "I-artist", "O"]),
+             Example(["rain", "in", "paris"], "weather", ["O", "O", "B-city"]),
+             Example(["hello"], "greet", ["O"])]
+    values = {("abba",), ("led", "zeppelin"), ("paris",)}
+    out = swap_mentions(train, 50, seed=1)
+    assert len(out) == 50 and all(ex.intent != "greet" for ex in out)
+    for ex in out:
+        assert len(ex.words) == len(ex.tags)
+        for s, e, slot in _mentions(ex.tags):
+            assert tuple(ex.words[s:e]) in values and ex.tags[s] == f"B-{slot}"
+    novel = swap_mentions(train, 50, seed=1, novel_words=["xyzzy"], novel_share=1.0)
+    assert novel == swap_mentions(train, 50, seed=1)  # no slot is open-class with this little data
+    many = [Example(["play", f"name{i}x"], "play", ["O", "B-artist"]) for i in range(40)]
+    many = [Example(ex.words[:1] + ["band" + "abcdefghij"[i % 10] * (i // 10 + 1)], "play", ex.tags)
+            for i, ex in enumerate(many)]
+    assert open_slots(many) == {"artist"}
+    assert all(ex.words[1] == "xyzzy" for ex in swap_mentions(many, 10, novel_words=["xyzzy"], novel_share=1.0))

@@ -42,3 +42,29 @@ def test_distill_trains_student_towards_teacher():
     with pytest.raises(ValueError):
         DistillConfig(teacher=teacher, teacher_tokenizer=tok, student_tokenizer=tok, train=[], dev=[], labels=labels,
                       alpha=1.5)
+
+
+def test_novel_words_are_whole_for_the_teacher_and_split_for_the_student():
+    from edgekit.converters.distill import novel_words
+
+    teacher, _ = from_wordpiece(make_vocab(["play", "queen", "zeppelin", "abba"]))
+    student, _ = from_wordpiece(make_vocab(["play", "queen"]))
+    assert sorted(novel_words(teacher, student)) == ["abba", "zeppelin"]
+    assert novel_words(teacher, teacher) == []
+
+
+def test_distill_with_augmentation_adds_labelled_utterances():
+    data = load_dataset(DEMO)
+    words = {w.lower() for ex in data.splits["train"] for w in ex.words}
+    tok, rows = from_wordpiece(make_vocab(sorted(words)))
+    torch.manual_seed(0)
+    m = JointModel(ModelConfig(vocab_size=len(make_vocab(sorted(words))), hidden=16, heads=[2], ffn=[32], head_dim=8,
+                               n_intents=len(data.intents), n_slots=len(data.slot_tags), dropout=0.0))
+    gather_embeddings(m, rows)
+    cfg = DistillConfig(teacher=m.eval(), teacher_tokenizer=tok, student_tokenizer=tok, train=data.splits["train"][:100],
+                        dev=data.splits["dev"][:20], labels=labels_of(data), epochs=1, max_len=32, augment=0.5,
+                        hidden_weight=0.0)
+    import copy
+
+    _, rec = distill(copy.deepcopy(m), cfg)
+    assert rec.extra["augmented"] == 50
