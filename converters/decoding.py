@@ -30,8 +30,21 @@ from edgekit.record import PassRecord
 NEG = -1e4  # a blocked move: larger than any sum of logit differences along a path, finite so no inf - inf
 
 
+def bio_tables(tags: list[str]) -> dict[str, torch.Tensor]:
+    """Index vectors (S,) that encode the BIO moves, so that a Viterbi step costs O(S), not O(S^2): any tag may
+    follow any tag except that I-x may only follow B-x or I-x.
+
+    is_i: tag is I-x. from_b: for I-x the index of B-x (itself otherwise). start: NEG on I-x (no word starts a
+    sentence inside a slot)."""
+    index = {t: k for k, t in enumerate(tags)}
+    is_i = torch.tensor([t.startswith("I-") for t in tags])
+    from_b = torch.tensor([index.get(f"B-{t[2:]}", k) if t.startswith("I-") else k for k, t in enumerate(tags)])
+    return {"is_i": is_i, "from_b": from_b, "start": torch.where(is_i, NEG, 0.0)}
+
+
 def bio_transitions(tags: list[str]) -> torch.Tensor:
-    """(S, S) additive scores from tag j (row) to tag i (column): 0 if BIO allows the move, NEG if not."""
+    """(S, S) additive scores from tag j (row) to tag i (column): 0 if BIO allows the move, NEG if not. The
+    reference the O(S) tables implement (tests check one against the other)."""
     S = len(tags)
     trans = torch.zeros(S, S)
     for i, t in enumerate(tags):
@@ -56,46 +69,50 @@ def intent_slot_table(intents: list[str], tags: list[str], seen: dict[str, set[s
     return table
 
 
-def viterbi(emit: torch.Tensor, starts: torch.Tensor, trans: torch.Tensor, o_id: int = 0) -> torch.Tensor:
-    """Best tag path over the word-start positions; other positions carry the previous tag unchanged.
-
-    emit (B, T, S) scores, starts (B, T) bool, trans (S, S) from-to scores. Returns (B, T) tag ids per piece.
-    Unrolled over the fixed T so it exports as plain tensor ops (no loops, no data-dependent shapes). Each step
-    is three ops (select, add, max): the score alternates between a column (B, S, 1) and a row (B, 1, S) so that
-    no reshape is needed between steps; on a phone every op call counts, not the S*S arithmetic."""
-    B, T, S = emit.shape
-    eye = torch.eye(S, dtype=torch.bool, device=emit.device)
-    stay = torch.where(eye, torch.zeros_like(trans), torch.full_like(trans, NEG))  # a non-start piece keeps its tag
-    step = torch.where(starts[:, :, None, None], trans, stay)  # (B, T, from, to)
-    step = step + torch.where(starts[:, :, None], emit, torch.zeros_like(emit))[:, :, None, :]  # + emission of "to"
-    step_t = step.transpose(2, 3)  # (B, T, to, from)
-    # Paths start from O, so the first word cannot be I-x.
-    score = torch.where(torch.arange(S, device=emit.device) == o_id, 0.0, NEG).to(emit.dtype)
-    score = score[None, :, None].expand(B, S, 1)  # column: "from" along dim 1
-    back = []
-    for t in range(1, T):  # position 0 is [CLS]
-        if t % 2:  # column in, row out
-            score, bp = (score + step[:, t]).max(1, keepdim=True)  # (B, 1, S)
-        else:  # row in, column out
-            score, bp = (score + step_t[:, t]).max(2, keepdim=True)  # (B, S, 1)
-        back.append(bp)
-    cur = score.reshape(B, S).argmax(-1).reshape(B, 1, 1)
-    path = [cur]
-    for bp in reversed(back[1:]):
-        cur = bp.gather(2 if bp.shape[1] == 1 else 1, cur)  # (B, 1, 1): the tag one word back
-        path.append(cur)
-    path.append(torch.full_like(cur, o_id))  # [CLS]
-    return torch.cat(path[::-1], 2).reshape(B, T)
-
-
-def words_of(piece_tags: torch.Tensor, starts: torch.Tensor, o_id: int) -> torch.Tensor:
-    """(B, T) piece tags -> (B, T) word tags: word w's tag at column w, O after the last word."""
+def word_positions(starts: torch.Tensor, W: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """starts (B, T) bool -> (position of word w's first piece (B, W), word w exists (B, W)), w < W."""
     B, T = starts.shape
     count = starts.long().cumsum(1)  # (B, T): words started up to each position
-    w = torch.arange(T, device=starts.device)
-    pos = (count[:, None, :] <= w[None, :, None]).long().sum(-1).clamp(max=T - 1)  # (B, T): position of word w
-    tags = piece_tags.gather(1, pos)
-    return torch.where(w[None, :] < count[:, -1:], tags, torch.full_like(tags, o_id))
+    w = torch.arange(W, device=starts.device)
+    pos = (count[:, None, :] <= w[None, :, None]).long().sum(-1).clamp(max=T - 1)  # (B, W)
+    return pos, w[None, :] < count[:, -1:]
+
+
+def viterbi(emit: torch.Tensor, starts: torch.Tensor, tables: dict[str, torch.Tensor], o_id: int = 0) -> torch.Tensor:
+    """Best BIO tag sequence over the words. emit (B, T, S) piece scores, starts (B, T) bool first pieces.
+    Returns (B, T): word w's tag id at column w, O past the last word.
+
+    Unrolled over the fixed length as plain tensor ops on (B, 1, S) vectors, so it exports to any runtime. At
+    this size every op costs one kernel call whatever its arithmetic, so the op count is what is minimised: a
+    forward step is five ops (the BIO structure replaces the S x S max-plus product), back-pointers for all
+    words come from a few vectorised ops after the loop, and back-tracking is one gather per word."""
+    B, T, S = emit.shape
+    W = max(1, T - 2)  # [CLS] and [SEP] leave at most T - 2 words
+    pos, real = word_positions(starts, W)
+    e = emit.gather(1, pos[:, :, None].expand(B, W, S))  # (B, W, S): scores at each word's first piece
+    pad = torch.where(torch.arange(S, device=emit.device) == o_id, 0.0, NEG).to(emit.dtype)
+    e = torch.where(real[:, :, None], e, pad)  # words past the end are O: they change no real word's best tag
+    is_i, from_b = tables["is_i"], tables["from_b"]
+    steps = e.split(1, dim=1)  # W x (B, 1, S)
+    a = steps[0] + tables["start"]  # (B, 1, S): best score of a path ending in each tag
+    alpha = [a]
+    for w in range(1, W):
+        # I-x continues B-x or I-x; any other tag follows the best tag of the word before.
+        a = torch.where(is_i, torch.maximum(a, a.index_select(2, from_b)), a.amax(-1, keepdim=True)) + steps[w]
+        alpha.append(a)
+    cur = a.argmax(-1, keepdim=True)  # (B, 1, 1): the last word's tag
+    path = [cur]
+    if W > 1:
+        prev = torch.cat(alpha[:-1], 1)  # (B, W - 1, S): scores at the word before words 1..W-1
+        stay = torch.arange(S, device=emit.device)
+        ptr = torch.where(is_i, torch.where(prev.index_select(2, from_b) > prev, from_b, stay),
+                          prev.argmax(-1, keepdim=True))  # (B, W - 1, S): best tag one word back
+        back = ptr.split(1, dim=1)
+        for w in range(W - 2, -1, -1):
+            cur = back[w].gather(2, cur)
+            path.append(cur)
+    tags = torch.cat(path[::-1], 2).reshape(B, W)
+    return torch.cat([tags, torch.full((B, T - W), o_id, dtype=tags.dtype, device=tags.device)], 1)
 
 
 class DecodedModel(nn.Module):
@@ -104,13 +121,15 @@ class DecodedModel(nn.Module):
     decoding = True
 
     def __init__(self, model: nn.Module, base_mask: torch.Tensor, oos_id: int, threshold: float,
-                 trans: torch.Tensor | None, slot_bias: torch.Tensor | None, o_id: int = 0):
+                 tables: dict[str, torch.Tensor] | None, slot_bias: torch.Tensor | None, o_id: int = 0):
         super().__init__()
         self.model, self.oos_id, self.threshold, self.o_id = model, oos_id, float(threshold), o_id
         self.register_buffer("base_mask", base_mask)  # (I,) bool: intents the build allows
-        self.register_buffer("trans", trans if trans is not None else torch.zeros(0, 0))
         self.register_buffer("slot_bias", slot_bias if slot_bias is not None else torch.zeros(0, 0))
-        self.has_slots = trans is not None
+        self.bio = nn.Module()  # buffers, so they travel with .to() and export as constants
+        for k, v in (tables or {}).items():
+            self.bio.register_buffer(k, v)
+        self.has_slots = tables is not None
 
     @property
     def cfg(self):
@@ -126,8 +145,7 @@ class DecodedModel(nn.Module):
         if not self.has_slots:
             return intent, conf
         emit = out[1] + self.slot_bias[intent][:, None, :]  # (B, T, S): only the predicted intent's slots
-        tags = viterbi(emit, word_starts, self.trans, self.o_id)
-        return intent, conf, words_of(tags, word_starts, self.o_id)
+        return intent, conf, viterbi(emit, word_starts, dict(self.bio.named_buffers()), self.o_id)
 
 
 @dataclass
@@ -168,14 +186,14 @@ def with_decoding(model: nn.Module, cfg: DecodingConfig) -> tuple[DecodedModel, 
     """Wrap `model` in the decoding graph described by `cfg`."""
     t0 = time.perf_counter()
     has_slots = bool(getattr(model.cfg, "n_slots", 0))
-    trans = bio_transitions(cfg.slot_tags) if has_slots else None
+    tables = bio_tables(cfg.slot_tags) if has_slots else None
     bias = intent_slot_table(cfg.intents, cfg.slot_tags, cfg.intent_slots, len(cfg.intents) + 1) if has_slots else None
-    dm = DecodedModel(model, cfg.base_mask(), cfg.oos_id, cfg.threshold, trans, bias, o_id=0).eval()
+    dm = DecodedModel(model, cfg.base_mask(), cfg.oos_id, cfg.threshold, tables, bias, o_id=0).eval()
     rec = PassRecord("decoding", seconds=time.perf_counter() - t0, extra={
         "allowed_intents": cfg.allowed_intents, "oos_id": cfg.oos_id, "threshold": cfg.threshold,
         "oos_class": cfg.oos_label in cfg.intents, "oos_in_softmax": cfg.oos_in_softmax,
         "intent_slots": {k: sorted(v) for k, v in cfg.intent_slots.items()} if cfg.intent_slots is not None else None,
-        "blocked_transitions": int((trans < 0).sum()) if has_slots else 0,
+        "blocked_transitions": int((bio_transitions(cfg.slot_tags) < 0).sum()) if has_slots else 0,
         "intent_slot_pairs": int((bias[: len(cfg.intents)] == 0).sum()) if has_slots else 0})
     return dm, rec
 

@@ -152,7 +152,7 @@ class Context:
         return self.out / CHECKPOINTS
 
     def stage_row(self, name: str, metrics: dict, params: int, size_bytes: int, seconds: float) -> dict:
-        keys = ("intent_acc", "slot_f1", "exact_match", "in_scope_acc", "oos_recall")
+        keys = ("intent_acc", "slot_f1", "slot_f1_argmax", "exact_match", "in_scope_acc", "oos_recall")
         row = {"name": name, **{k: metrics.get(k) for k in keys if k in metrics}}
         row.update(params=params, size_bytes=size_bytes, seconds=round(seconds, 2))
         return row
@@ -167,8 +167,22 @@ class Context:
                 lst.append(item)
 
     def evaluate(self, model: JointModel, tokenizer, split: str) -> dict:
+        """Metrics of `model` as the package will answer: with the decoding graph (intent whitelist, BIO Viterbi
+        with the intent-slot whitelist), rejection off. slot_f1_argmax: the same model decoded by plain argmax."""
+        from edgekit.converters.decoding import DecodingConfig, intent_slots_seen, with_decoding
+
         examples = self.data.splits[split]
-        return score(examples, predict_eager(model, examples, tokenizer, self.labels, self.max_len), self.labels)
+        if "intent_slots" not in self.cache:
+            self.cache["intent_slots"] = intent_slots_seen(self.data.splits["train"]) if self.data.has_slots else None
+        decoded, _ = with_decoding(model, DecodingConfig(self.data.intents, self.data.slot_tags,
+                                                         self.cache["intent_slots"], self.cfg.intents,
+                                                         self.data.oos_label))
+        m = score(examples, predict_eager(decoded, examples, tokenizer, self.labels, self.max_len, reject=False),
+                  self.labels)
+        if m["slot_f1"] is not None:
+            argmax = predict_eager(model, examples, tokenizer, self.labels, self.max_len)
+            m["slot_f1_argmax"] = score(examples, argmax, self.labels)["slot_f1"]
+        return m
 
     def save_checkpoint(self, stage: str) -> None:
         save_model(self.model, self.ckpt_dir / f"{stage}.safetensors")
@@ -299,6 +313,7 @@ def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
         raw_answers = _runtime_answers(ctx, runtime, raw_path, False)
         shipped = _runtime_answers(ctx, runtime, path, True, reject=True)  # as the app gets them by default
         rejecting = score(test, shipped, ctx.labels)
+        r.metrics["slot_f1_argmax"] = score(test, raw_answers, ctx.labels).get("slot_f1")
         r.extra["decoding"] = {
             "argmax": {"slot_f1": score(test, raw_answers, ctx.labels).get("slot_f1"),
                        "invalid_bio": invalid_bio([a.get("tags") for a in raw_answers])},
@@ -323,7 +338,7 @@ def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
 def stage_package(ctx: Context) -> tuple[dict, PassRecord]:
     """Write tokenizer, labels and manifest; reload the package as an app would; measure it."""
     from edgekit.runtime.backends import BACKENDS
-    from edgekit.runtime.predictor import Predictor
+    from edgekit.runtime.predictor import Predictor, paired_latency
 
     t0 = time.perf_counter()
     dec = next(r for r in ctx.records if r["name"] == "export")["extra"]["decoding"]
@@ -374,9 +389,7 @@ def stage_package(ctx: Context) -> tuple[dict, PassRecord]:
         backend = BACKENDS[runtime](raw_path) if runtime == "executorch" else BACKENDS[runtime](
             raw_path, ctx.target.bench_threads)
         raw = Predictor(backend, p.tokenizer, p.labels, p.max_len, decoding=False)
-        # Two alternating rounds, the faster of each: both sides see the same machine state.
-        rounds = [(p.latency(texts), raw.latency(texts)) for _ in range(2)]
-        lat, lat_raw = (min((r[k] for r in rounds), key=lambda x: x["p50_ms"]) for k in (0, 1))
+        lat, lat_raw = paired_latency(p, raw, texts)
         ctx.latency[runtime] = {"p50_ms": round(lat["p50_ms"], 3), "p99_ms": round(lat["p99_ms"], 3),
                                 "threads": ctx.target.bench_threads, "n": lat["n"], "max_len": ctx.max_len,
                                 "without_decoding": {"p50_ms": round(lat_raw["p50_ms"], 3),

@@ -96,3 +96,24 @@ class Predictor:
             self.backend.run(*x)
             times.append((time.perf_counter() - t0) * 1000)
         return {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99)), "n": len(times)}
+
+
+def paired_latency(a: Predictor, b: Predictor, texts: list[str], rounds: int = 3, warmup: int = 20) -> tuple[dict, dict]:
+    """Latency of two predictors measured utterance by utterance in alternation (order flipped each time), so
+    that both see the same machine state; a shared CPU drifts by more than the difference being measured."""
+    def inputs(p):
+        return [model_inputs(p.tokenizer.encode(t, p.max_len), len(p.labels["intents"]), p.decoding) for t in texts]
+
+    xa, xb = inputs(a), inputs(b)
+    for k in range(min(warmup, len(texts))):
+        a.backend.run(*xa[k])
+        b.backend.run(*xb[k])
+    ta, tb = [], []
+    for r in range(rounds):
+        for k in range(len(texts)):
+            for p, x, out in ((a, xa, ta), (b, xb, tb))[:: 1 if (k + r) % 2 == 0 else -1]:
+                t0 = time.perf_counter()
+                p.backend.run(*x[k])
+                out.append((time.perf_counter() - t0) * 1000)
+    return tuple({"p50_ms": float(np.percentile(t, 50)), "p99_ms": float(np.percentile(t, 99)), "n": len(t)}
+                 for t in (ta, tb))

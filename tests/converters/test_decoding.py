@@ -7,12 +7,12 @@ import torch
 from edgekit.converters.decoding import (
     DecodingConfig,
     best_threshold,
+    bio_tables,
     bio_transitions,
     intent_slot_table,
     threshold_for_rate,
     viterbi,
     with_decoding,
-    words_of,
 )
 from edgekit.model import JointModel, ModelConfig
 
@@ -34,19 +34,26 @@ def brute_force(emit, pos, trans):
     return list(arg)
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_viterbi_matches_brute_force(seed):
+ODD_TAGS = ["O", "B-a", "I-a", "I-c", "B-b"]  # I-c without B-c (it happens in ATIS), B-b without I-b
+
+
+@pytest.mark.parametrize("tags", [TAGS, ODD_TAGS])
+@pytest.mark.parametrize("seed", range(30))
+def test_viterbi_matches_brute_force(seed, tags):
     g = torch.Generator().manual_seed(seed)
-    T, S = 8, len(TAGS)
-    emit = torch.randn(1, T, S, generator=g) * 3  # (B, T, S)
-    n_words = int(torch.randint(1, 5, (1,), generator=g))
-    pos = sorted({1, *torch.randperm(T - 2, generator=g)[: n_words - 1].add(1).tolist()})
-    starts = torch.zeros(1, T, dtype=torch.bool)
-    starts[0, pos] = True
-    trans = bio_transitions(TAGS)
-    got = words_of(viterbi(emit, starts, trans), starts, 0)[0].tolist()
-    assert got[: len(pos)] == brute_force(emit[0], pos, trans)
-    assert got[len(pos):] == [0] * (T - len(pos))
+    T, S = 8, len(tags)
+    emit = torch.randn(2, T, S, generator=g) * 3  # (B, T, S)
+    starts = torch.zeros(2, T, dtype=torch.bool)
+    positions = []
+    for b in range(2):
+        n_words = int(torch.randint(1, 6, (1,), generator=g))
+        pos = sorted({1, *torch.randperm(T - 2, generator=g)[: n_words - 1].add(1).tolist()})
+        starts[b, pos] = True
+        positions.append(pos)
+    got = viterbi(emit, starts, bio_tables(tags)).tolist()  # (B, T) word tags
+    for b, pos in enumerate(positions):
+        assert got[b][: len(pos)] == brute_force(emit[b], pos, bio_transitions(tags))
+        assert got[b][len(pos):] == [0] * (T - len(pos))
 
 
 def test_viterbi_output_is_valid_bio_where_argmax_is_not():
@@ -57,7 +64,7 @@ def test_viterbi_output_is_valid_bio_where_argmax_is_not():
     emit[0, 2, 1] = 4
     emit[0, 3, 0] = 5
     starts = torch.tensor([[False, True, True, True, False]])
-    tags = [TAGS[i] for i in words_of(viterbi(emit, starts, bio_transitions(TAGS)), starts, 0)[0, :3]]
+    tags = [TAGS[i] for i in viterbi(emit, starts, bio_tables(TAGS))[0, :3]]
     assert tags == ["O", "B-a", "O"]  # I-a after O is not allowed; the next best B-a is
     for prev, cur in zip(["O"] + tags, tags):
         assert not cur.startswith("I-") or prev[2:] == cur[2:]
