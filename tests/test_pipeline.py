@@ -34,6 +34,8 @@ def test_report_contract(built):
     assert set(rep["latency"]) == {"executorch", "onnx"}
     assert all(v["threads"] == 1 and v["p50_ms"] > 0 for v in rep["latency"].values())
     assert rep["package"]["size_bytes"] == sum(b for f, b in rep["package"]["files"].items() if f != "model.onnx")
+    # stage rows score the decoded graph; plain argmax sits alongside
+    assert all(r["slot_f1_argmax"] is not None for r in rep["stages"][:2])
     # the tiny model learns the demo task well past chance (10 intents)
     assert rep["stages"][0]["intent_acc"] > 0.5
     assert "| teacher |" in (out / "report.md").read_text()
