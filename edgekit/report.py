@@ -137,6 +137,11 @@ def _decoding(export: dict | None) -> list[str]:
     lines = ["", "## Decoding in the graph (test split)", "",
              f"Intents allowed by the build: {', '.join(d['allowed_intents']) if d['allowed_intents'] else 'all'}. "
              f"Out-of-scope: {d['policy']}, confidence threshold {d['threshold']:.4f}; {d['calibration']}."]
+    ch = d.get("intent_slot_choice")
+    if ch:
+        lines.append(f"Intent-to-slot whitelist {'on' if ch['used'] else 'off'}: teacher dev slot F1 "
+                     f"{_pct(ch['teacher_dev_slot_f1_with'])} with it, {_pct(ch['teacher_dev_slot_f1_without'])} "
+                     "without (kept unless it costs).")
     for name, c in d.get("candidates", {}).items():
         lines.append(f"- dev, {name}: threshold {c['threshold']:.4f}, in-scope accuracy {_pct(c['dev']['in_scope_acc'])}, "
                      f"out-of-scope recall {_pct(c['dev']['oos_recall'])}")
