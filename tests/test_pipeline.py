@@ -95,6 +95,9 @@ def test_decoding_graph_in_report(built):
     export = next(p for p in rep["passes"] if p["name"] == "export")["extra"]
     d = export["decoding"]
     assert d["policy"].startswith("threshold") and 0 < d["threshold"] < 1 and d["oos_far"] == 0.05
+    ch = d["intent_slot_choice"]  # measured with the teacher on dev; the graph carries the chosen table
+    assert ch["used"] == (ch["teacher_dev_slot_f1_with"] >= ch["teacher_dev_slot_f1_without"])
+    assert (d["intent_slots"] is not None) == ch["used"]
     for rt in ("executorch", "onnx"):
         e = export[rt]["extra"]["decoding"]
         assert e["constrained"]["invalid_bio"] == 0
