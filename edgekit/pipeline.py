@@ -336,7 +336,7 @@ def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
         rejecting = score(test, shipped, ctx.labels)
         r.metrics["slot_f1_argmax"] = score(test, raw_answers, ctx.labels).get("slot_f1")
         r.extra["decoding"] = {
-            "argmax": {"slot_f1": score(test, raw_answers, ctx.labels).get("slot_f1"),
+            "argmax": {"slot_f1": r.metrics["slot_f1_argmax"],
                        "invalid_bio": invalid_bio([a.get("tags") for a in raw_answers])},
             "constrained": {"slot_f1": r.metrics.get("slot_f1"),
                             "invalid_bio": invalid_bio([a.get("tags") for a in answers])},
