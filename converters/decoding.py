@@ -30,21 +30,38 @@ from edgekit.record import PassRecord
 NEG = -1e4  # a blocked move: larger than any sum of logit differences along a path, finite so no inf - inf
 
 
-def bio_tables(tags: list[str]) -> dict[str, torch.Tensor]:
-    """Index vectors (S,) that encode the BIO moves, so that a Viterbi step costs O(S), not O(S^2): any tag may
-    follow any tag except that I-x may only follow B-x or I-x.
+def bio_tables(tags: list[str], o: str = "O") -> dict[str, torch.Tensor]:
+    """Tables for the Viterbi, which keeps the tags as P pairs (B-x, I-x), held as two (B, 1, P) halves, so that a
+    step is four cheap elementwise/reduce ops whatever the tag count: any tag may follow any tag except that I-x may
+    only follow B-x or I-x, i.e. the best predecessor of I-x is the better of its own pair and that of every other
+    tag is the best of all.
 
-    is_i: tag is I-x. from_b: for I-x the index of B-x (itself otherwise). start: NEG on I-x (no word starts a
-    sentence inside a slot)."""
+    Tags without a partner (O, B-x without I-x, I-x without B-x) share their pair with a dummy that no path may
+    enter. The layout is the P first halves, then the P second halves (L = 2P positions). perm (L,): the tag id at
+    each position (dummies: O). fill (L,): NEG on dummies. pad (L,): 0 on O only (words past the end).
+    o (1,): the id of O.
+    """
     index = {t: k for k, t in enumerate(tags)}
-    is_i = torch.tensor([t.startswith("I-") for t in tags])
-    from_b = torch.tensor([index.get(f"B-{t[2:]}", k) if t.startswith("I-") else k for k, t in enumerate(tags)])
-    return {"is_i": is_i, "from_b": from_b, "start": torch.where(is_i, NEG, 0.0)}
+    o_id = index.get(o, 0)
+    pairs: list[tuple[int | None, int | None]] = []
+    for k, t in enumerate(tags):
+        if t.startswith("B-"):
+            pairs.append((k, index.get(f"I-{t[2:]}")))
+        elif t.startswith("I-"):
+            if f"B-{t[2:]}" not in index:
+                pairs.append((None, k))
+        else:
+            pairs.append((k, None))
+    layout = [p[0] for p in pairs] + [p[1] for p in pairs]
+    return {"perm": torch.tensor([o_id if k is None else k for k in layout]),
+            "fill": torch.tensor([NEG if k is None else 0.0 for k in layout]),
+            "pad": torch.tensor([0.0 if k == o_id else NEG for k in layout]),
+            "o": torch.tensor([o_id])}
 
 
 def bio_transitions(tags: list[str]) -> torch.Tensor:
     """(S, S) additive scores from tag j (row) to tag i (column): 0 if BIO allows the move, NEG if not. The
-    reference the O(S) tables implement (tests check one against the other)."""
+    reference the pair tables implement (tests check one against the other)."""
     S = len(tags)
     trans = torch.zeros(S, S)
     for i, t in enumerate(tags):
@@ -78,41 +95,51 @@ def word_positions(starts: torch.Tensor, W: int) -> tuple[torch.Tensor, torch.Te
     return pos, w[None, :] < count[:, -1:]
 
 
-def viterbi(emit: torch.Tensor, starts: torch.Tensor, tables: dict[str, torch.Tensor], o_id: int = 0) -> torch.Tensor:
-    """Best BIO tag sequence over the words. emit (B, T, S) piece scores, starts (B, T) bool first pieces.
-    Returns (B, T): word w's tag id at column w, O past the last word.
+def viterbi(emit: torch.Tensor, starts: torch.Tensor, tables: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Best BIO tag sequence over the words. emit (B, T, S) piece scores, starts (B, T) bool first pieces,
+    tables from `bio_tables`. Returns (B, T): word w's tag id at column w, O past the last word.
 
-    Unrolled over the fixed length as plain tensor ops on (B, 1, S) vectors, so it exports to any runtime. At
-    this size every op costs one kernel call whatever its arithmetic, so the op count is what is minimised: a
-    forward step is five ops (the BIO structure replaces the S x S max-plus product), back-pointers for all
-    words come from a few vectorised ops after the loop, and back-tracking is one gather per word."""
-    B, T, S = emit.shape
+    Unrolled over the fixed length as plain tensor ops, so it exports to any runtime. At this size the cost is
+    kernel calls, and in ExecuTorch's portable kernels a reduction over many short rows costs several times an
+    elementwise op, so a forward step is one elementwise maximum, one whole-row max and two adds on the pair
+    halves. Back-pointers for all words come from a few vectorised ops after the loop, then one tiny gather per
+    word follows them back."""
+    B, T, _ = emit.shape
     W = max(1, T - 2)  # [CLS] and [SEP] leave at most T - 2 words
     pos, real = word_positions(starts, W)
-    e = emit.gather(1, pos[:, :, None].expand(B, W, S))  # (B, W, S): scores at each word's first piece
-    pad = torch.where(torch.arange(S, device=emit.device) == o_id, 0.0, NEG).to(emit.dtype)
-    e = torch.where(real[:, :, None], e, pad)  # words past the end are O: they change no real word's best tag
-    is_i, from_b = tables["is_i"], tables["from_b"]
-    steps = e.split(1, dim=1)  # W x (B, 1, S)
-    a = steps[0] + tables["start"]  # (B, 1, S): best score of a path ending in each tag
-    alpha = [a]
+    e = emit.index_select(2, tables["perm"]) + tables["fill"]  # (B, T, L) in the pair layout
+    L = e.shape[-1]
+    P = L // 2
+    # Each word's first piece, (B, W, L). A row index_select on the flattened batch: ExecuTorch's portable gather
+    # costs tens of microseconds on this shape, index_select a few.
+    rows = (pos + torch.arange(B, device=emit.device)[:, None] * T).reshape(-1)
+    e = e.reshape(B * T, L).index_select(0, rows).reshape(B, W, L)
+    e = torch.where(real[:, :, None], e, tables["pad"])  # words past the end are O: no real word's best tag moves
+    first, second = e.split(P, dim=2)  # (B, W, P) each: O/B-x/unpaired tags, and I-x
+    first, second = first.split(1, dim=1), second.split(1, dim=1)  # W x (B, 1, P)
+    a1, a2 = first[0], second[0] + NEG  # best score of a path ending in each tag; no sentence starts inside a slot
+    alpha1, alpha2 = [a1], [a2]
     for w in range(1, W):
-        # I-x continues B-x or I-x; any other tag follows the best tag of the word before.
-        a = torch.where(is_i, torch.maximum(a, a.index_select(2, from_b)), a.amax(-1, keepdim=True)) + steps[w]
-        alpha.append(a)
-    cur = a.argmax(-1, keepdim=True)  # (B, 1, 1): the last word's tag
-    path = [cur]
+        p = torch.maximum(a1, a2)  # (B, 1, P): the best of each pair, which I-x may continue
+        a1, a2 = p.amax(-1, keepdim=True) + first[w], p + second[w]  # any other tag follows the best of all
+        alpha1.append(a1)
+        alpha2.append(a2)
+    last = torch.cat([a1, a2], 2).argmax(-1, keepdim=True)  # (B, 1, 1): the last word's position
     if W > 1:
-        prev = torch.cat(alpha[:-1], 1)  # (B, W - 1, S): scores at the word before words 1..W-1
-        stay = torch.arange(S, device=emit.device)
-        ptr = torch.where(is_i, torch.where(prev.index_select(2, from_b) > prev, from_b, stay),
-                          prev.argmax(-1, keepdim=True))  # (B, W - 1, S): best tag one word back
-        back = ptr.split(1, dim=1)
+        prev1, prev2 = torch.cat(alpha1[:-1], 1), torch.cat(alpha2[:-1], 1)  # (B, W - 1, P): the word before
+        best = torch.cat([prev1, prev2], 2).argmax(-1, keepdim=True)  # (B, W - 1, 1)
+        pair = (prev2 > prev1).long() * P + torch.arange(P, device=emit.device)  # (B, W - 1, P): I-x came from
+        ptr = torch.cat([best.expand(B, W - 1, P), pair], 2)  # (B, W - 1, L): position one word back
+        # Back-tracking, one tiny gather per word: composing the pointers by doubling needs fewer ops but each
+        # gathers over the whole (W, L) table, which costs more in the portable kernels.
+        back, cur, path = ptr.split(1, dim=1), last, [last]
         for w in range(W - 2, -1, -1):
-            cur = back[w].gather(2, cur)
+            cur = back[w].gather(2, cur)  # (B, 1, 1)
             path.append(cur)
-    tags = torch.cat(path[::-1], 2).reshape(B, W)
-    return torch.cat([tags, torch.full((B, T - W), o_id, dtype=tags.dtype, device=tags.device)], 1)
+        path = torch.cat(path[::-1], 2).reshape(B, W)  # (B, W) layout positions
+    else:
+        path = last.reshape(B, 1)
+    return torch.cat([tables["perm"][path], tables["o"].expand(B, T - W)], 1)  # (B, T) tag ids
 
 
 class DecodedModel(nn.Module):
@@ -145,7 +172,7 @@ class DecodedModel(nn.Module):
         if not self.has_slots:
             return intent, conf
         emit = out[1] + self.slot_bias[intent][:, None, :]  # (B, T, S): only the predicted intent's slots
-        return intent, conf, viterbi(emit, word_starts, dict(self.bio.named_buffers()), self.o_id)
+        return intent, conf, viterbi(emit, word_starts, dict(self.bio.named_buffers()))
 
 
 @dataclass

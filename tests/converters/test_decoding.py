@@ -56,6 +56,53 @@ def test_viterbi_matches_brute_force(seed, tags):
         assert got[b][len(pos):] == [0] * (T - len(pos))
 
 
+def reference_viterbi(emit, pos, trans):
+    """Textbook S x S Viterbi over the word positions, starting after an implicit O."""
+    score = trans[0] + emit[pos[0]]
+    back = []
+    for p in pos[1:]:
+        cand = score[:, None] + trans  # (S, S): from row to column
+        back.append(cand.argmax(0))
+        score = cand.amax(0) + emit[p]
+    path = [int(score.argmax())]
+    for b in reversed(back):
+        path.append(int(b[path[-1]]))
+    return path[::-1]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_viterbi_matches_reference_on_long_inputs(seed):
+    # Long enough for several pointer doublings (W up to 38) and for some words at every length.
+    g = torch.Generator().manual_seed(seed)
+    tags = ["O", "B-a", "I-a", "I-c", "B-b", "B-d", "I-d", "weird"]
+    T = 40
+    emit = torch.randn(3, T, len(tags), generator=g) * 3
+    starts = torch.rand(3, T, generator=g) < 0.7
+    starts[:, 0] = False
+    starts[:, 1] = True
+    starts[2, 1:T - 1] = True  # every position a word: the longest case
+    got = viterbi(emit, starts, bio_tables(tags)).tolist()
+    for b in range(3):
+        pos = starts[b].nonzero().flatten().tolist()[: T - 2]
+        assert got[b][: len(pos)] == reference_viterbi(emit[b], pos, bio_transitions(tags))
+
+
+def test_viterbi_backtracks_the_whole_length():
+    # Two slot runs that each stay possible for 32 words: the first word's tag is only right if the back-pointers
+    # are followed from the very last word (back-tracking paths that coalesce early would hide a short cut).
+    tags = ["O", "B-a", "I-a", "B-d", "I-d"]
+    T = 40
+    emit = torch.zeros(1, T, len(tags))
+    emit[0, 1, 1], emit[0, 1, 3] = 5, 4.9
+    emit[0, 2:34, 2], emit[0, 2:34, 4] = 5, 4.9
+    emit[0, 34, 3] = 5
+    emit[0, 35:39, 4] = 5
+    starts = torch.zeros(1, T, dtype=torch.bool)
+    starts[0, 1:T - 1] = True
+    got = [tags[i] for i in viterbi(emit, starts, bio_tables(tags))[0, : T - 2]]
+    assert got == ["B-a"] + ["I-a"] * 32 + ["B-d"] + ["I-d"] * 4
+
+
 def test_viterbi_output_is_valid_bio_where_argmax_is_not():
     # Emissions that argmax to "O I-a O": I-a after O is invalid.
     emit = torch.full((1, 5, 5), -5.0)
