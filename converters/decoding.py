@@ -10,8 +10,8 @@
 3. slots: Viterbi over BIO tags on each word's first piece, with only valid BIO moves (`I-x` after `B-x`/`I-x`)
    and only the slots seen with the predicted intent in training. The output is one tag id per word.
 
-Inputs:  input_ids (1, T) int64, attention_mask (1, T) int64, word_starts (1, T) bool (first piece of a word),
-         intent_mask (I,) bool, reject (1,) bool.
+Inputs:  input_ids (1, T) int64, attention_mask (1, T) int64, word_pos (1, T - 2) int64 (the position of each
+         word's first piece, 0 past the last word), intent_mask (I,) bool, reject (1,) bool.
 Outputs: intent (1,) int64 (I = the reserved oos id unless the data has its own oos class), confidence (1,) float,
          and with slots tags (1, T) int64: word w's tag id at [0, w], "O" past the last word.
 """
@@ -86,18 +86,21 @@ def intent_slot_table(intents: list[str], tags: list[str], seen: dict[str, set[s
     return table
 
 
-def word_positions(starts: torch.Tensor, W: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """starts (B, T) bool -> (position of word w's first piece (B, W), word w exists (B, W)), w < W."""
+def word_positions(starts: torch.Tensor) -> torch.Tensor:
+    """starts (B, T) bool first pieces -> (B, T - 2) int64: the position of word w's first piece, 0 past the last
+    word (the graph's word_pos input; the runtime computes it with numpy, this is the torch reference)."""
     B, T = starts.shape
-    count = starts.long().cumsum(1)  # (B, T): words started up to each position
-    w = torch.arange(W, device=starts.device)
-    pos = (count[:, None, :] <= w[None, :, None]).long().sum(-1).clamp(max=T - 1)  # (B, W)
-    return pos, w[None, :] < count[:, -1:]
+    pos = torch.zeros(B, T - 2, dtype=torch.long)
+    for b in range(B):
+        idx = starts[b].nonzero().flatten()[: T - 2]
+        pos[b, : len(idx)] = idx
+    return pos
 
 
-def viterbi(emit: torch.Tensor, starts: torch.Tensor, tables: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Best BIO tag sequence over the words. emit (B, T, S) piece scores, starts (B, T) bool first pieces,
-    tables from `bio_tables`. Returns (B, T): word w's tag id at column w, O past the last word.
+def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Best BIO tag sequence over the words. emit (B, T, S) piece scores, word_pos (B, T - 2) the position of
+    each word's first piece (0 past the last word), tables from `bio_tables`. Returns (B, T): word w's tag id at
+    column w, O past the last word.
 
     Unrolled over the fixed length as plain tensor ops, so it exports to any runtime. At this size the cost is
     kernel calls, and in ExecuTorch's portable kernels a reduction over many short rows costs several times an
@@ -105,14 +108,14 @@ def viterbi(emit: torch.Tensor, starts: torch.Tensor, tables: dict[str, torch.Te
     halves. Back-pointers for all words come from a few vectorised ops after the loop, then one tiny gather per
     word follows them back."""
     B, T, _ = emit.shape
-    W = max(1, T - 2)  # [CLS] and [SEP] leave at most T - 2 words
-    pos, real = word_positions(starts, W)
+    W = word_pos.shape[1]  # T - 2: [CLS] and [SEP] leave at most T - 2 words
+    real = word_pos > 0  # (B, W): word w exists ([CLS] sits at 0)
     e = emit.index_select(2, tables["perm"]) + tables["fill"]  # (B, T, L) in the pair layout
     L = e.shape[-1]
     P = L // 2
     # Each word's first piece, (B, W, L). A row index_select on the flattened batch: ExecuTorch's portable gather
     # costs tens of microseconds on this shape, index_select a few.
-    rows = (pos + torch.arange(B, device=emit.device)[:, None] * T).reshape(-1)
+    rows = (word_pos + torch.arange(B, device=emit.device)[:, None] * T).reshape(-1)
     e = e.reshape(B * T, L).index_select(0, rows).reshape(B, W, L)
     e = torch.where(real[:, :, None], e, tables["pad"])  # words past the end are O: no real word's best tag moves
     first, second = e.split(P, dim=2)  # (B, W, P) each: O/B-x/unpaired tags, and I-x
@@ -162,7 +165,7 @@ class DecodedModel(nn.Module):
     def cfg(self):
         return self.model.cfg
 
-    def forward(self, input_ids, attention_mask, word_starts, intent_mask, reject):
+    def forward(self, input_ids, attention_mask, word_pos, intent_mask, reject):
         out = self.model(input_ids, attention_mask)
         allowed = (intent_mask & self.base_mask)[None, :]  # (1, I)
         probs = torch.softmax(torch.where(allowed, out[0], torch.full_like(out[0], NEG)), -1)  # (B, I)
@@ -172,7 +175,7 @@ class DecodedModel(nn.Module):
         if not self.has_slots:
             return intent, conf
         emit = out[1] + self.slot_bias[intent][:, None, :]  # (B, T, S): only the predicted intent's slots
-        return intent, conf, viterbi(emit, word_starts, dict(self.bio.named_buffers()))
+        return intent, conf, viterbi(emit, word_pos, dict(self.bio.named_buffers()))
 
 
 @dataclass
@@ -275,6 +278,6 @@ def io_names(model: nn.Module) -> tuple[list[str], list[str]]:
     """(input names, output names) of a raw joint model or a decoded one, as the exported graph calls them."""
     slots = bool(getattr(model.cfg, "n_slots", 0))
     if getattr(model, "decoding", False):
-        return (["input_ids", "attention_mask", "word_starts", "intent_mask", "reject"],
+        return (["input_ids", "attention_mask", "word_pos", "intent_mask", "reject"],
                 ["intent", "confidence"] + (["tags"] if slots else []))
     return ["input_ids", "attention_mask"], ["intent_logits"] + (["slot_logits"] if slots else [])

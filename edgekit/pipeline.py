@@ -381,7 +381,7 @@ def stage_package(ctx: Context) -> tuple[dict, PassRecord]:
         "label_sets": {"intents": len(ctx.data.intents), "slot_tags": len(ctx.data.slot_tags)},
         "inputs": [{"name": "input_ids", "dtype": "int64", "shape": [1, ctx.max_len]},
                    {"name": "attention_mask", "dtype": "int64", "shape": [1, ctx.max_len]},
-                   {"name": "word_starts", "dtype": "bool", "shape": [1, ctx.max_len]},
+                   {"name": "word_pos", "dtype": "int64", "shape": [1, ctx.max_len - 2]},
                    {"name": "intent_mask", "dtype": "bool", "shape": [len(ctx.data.intents)]},
                    {"name": "reject", "dtype": "bool", "shape": [1]}],
         "outputs": ["intent", "confidence"] + (["tags"] if ctx.data.has_slots else []),

@@ -22,6 +22,7 @@ from edgekit.metrics import evaluate
 from edgekit.model import JointModel, count_params, param_bytes
 from edgekit.record import PassRecord
 from edgekit.runtime.decode import decode
+from edgekit.runtime.predictor import word_positions
 
 IGNORE = -100
 
@@ -125,10 +126,10 @@ def predict_eager(model: JointModel, examples: list[Example], tokenizer, labels:
             encs = [feats.encodings[i] for i in idx]
             ids = torch.tensor([e.input_ids for e in encs])  # (B, T) at the fixed length
             mask = torch.tensor([e.attention_mask for e in encs])
-            starts = torch.tensor([[w >= 0 for w in e.word_index] for e in encs])
+            pos = torch.from_numpy(np.stack([word_positions(e.word_index) for e in encs]))  # (B, T - 2)
             allowed = torch.ones(len(labels["intents"]), dtype=torch.bool) if intent_mask is None else torch.tensor(
                 intent_mask, dtype=torch.bool)  # (I,)
-            outputs = [o.numpy() for o in model(ids, mask, starts, allowed, torch.tensor([reject]))]
+            outputs = [o.numpy() for o in model(ids, mask, pos, allowed, torch.tensor([reject]))]
         else:
             ids, mask, _, _ = collate(feats, idx, tokenizer.pad_id)
             outputs = [o.numpy() for o in model(ids, mask)]

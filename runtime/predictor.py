@@ -32,9 +32,17 @@ def model_inputs(enc: Encoding, n_intents: int, decoding: bool, intent_mask: np.
     mask = np.asarray([enc.attention_mask], dtype=np.int64)  # (1, T)
     if not decoding:
         return [ids, mask]
-    starts = np.asarray([[w >= 0 for w in enc.word_index]], dtype=bool)  # (1, T): first piece of each word
     allowed = np.ones(n_intents, dtype=bool) if intent_mask is None else np.asarray(intent_mask, dtype=bool)  # (I,)
-    return [ids, mask, starts, allowed, np.asarray([reject], dtype=bool)]
+    return [ids, mask, word_positions(enc.word_index).reshape(1, -1), allowed, np.asarray([reject], dtype=bool)]
+
+
+def word_positions(word_index: list[int]) -> np.ndarray:
+    """(T - 2,) int64: the position of each word's first piece, 0 past the last word ([CLS] and [SEP] leave at
+    most T - 2 words). The decoding graph reads each word's slot scores there."""
+    pos = np.zeros(len(word_index) - 2, dtype=np.int64)
+    starts = [t for t, w in enumerate(word_index) if w >= 0][: len(pos)]
+    pos[: len(starts)] = starts
+    return pos
 
 
 class Predictor:

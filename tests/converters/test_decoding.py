@@ -13,6 +13,7 @@ from edgekit.converters.decoding import (
     threshold_for_rate,
     viterbi,
     with_decoding,
+    word_positions,
 )
 from edgekit.model import JointModel, ModelConfig
 
@@ -50,7 +51,7 @@ def test_viterbi_matches_brute_force(seed, tags):
         pos = sorted({1, *torch.randperm(T - 2, generator=g)[: n_words - 1].add(1).tolist()})
         starts[b, pos] = True
         positions.append(pos)
-    got = viterbi(emit, starts, bio_tables(tags)).tolist()  # (B, T) word tags
+    got = viterbi(emit, word_positions(starts), bio_tables(tags)).tolist()  # (B, T) word tags
     for b, pos in enumerate(positions):
         assert got[b][: len(pos)] == brute_force(emit[b], pos, bio_transitions(tags))
         assert got[b][len(pos):] == [0] * (T - len(pos))
@@ -81,7 +82,7 @@ def test_viterbi_matches_reference_on_long_inputs(seed):
     starts[:, 0] = False
     starts[:, 1] = True
     starts[2, 1:T - 1] = True  # every position a word: the longest case
-    got = viterbi(emit, starts, bio_tables(tags)).tolist()
+    got = viterbi(emit, word_positions(starts), bio_tables(tags)).tolist()
     for b in range(3):
         pos = starts[b].nonzero().flatten().tolist()[: T - 2]
         assert got[b][: len(pos)] == reference_viterbi(emit[b], pos, bio_transitions(tags))
@@ -99,7 +100,7 @@ def test_viterbi_backtracks_the_whole_length():
     emit[0, 35:39, 4] = 5
     starts = torch.zeros(1, T, dtype=torch.bool)
     starts[0, 1:T - 1] = True
-    got = [tags[i] for i in viterbi(emit, starts, bio_tables(tags))[0, : T - 2]]
+    got = [tags[i] for i in viterbi(emit, word_positions(starts), bio_tables(tags))[0, : T - 2]]
     assert got == ["B-a"] + ["I-a"] * 32 + ["B-d"] + ["I-d"] * 4
 
 
@@ -111,7 +112,7 @@ def test_viterbi_output_is_valid_bio_where_argmax_is_not():
     emit[0, 2, 1] = 4
     emit[0, 3, 0] = 5
     starts = torch.tensor([[False, True, True, True, False]])
-    tags = [TAGS[i] for i in viterbi(emit, starts, bio_tables(TAGS))[0, :3]]
+    tags = [TAGS[i] for i in viterbi(emit, word_positions(starts), bio_tables(TAGS))[0, :3]]
     assert tags == ["O", "B-a", "O"]  # I-a after O is not allowed; the next best B-a is
     for prev, cur in zip(["O"] + tags, tags):
         assert not cur.startswith("I-") or prev[2:] == cur[2:]
