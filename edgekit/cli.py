@@ -71,6 +71,12 @@ def build(
                                           "the graph; default: all)."),
     oos_far: float = typer.Option(0.05, help="Without out-of-scope data: share of held-out in-scope utterances the "
                                   "rejection threshold may reject."),
+    keep_fp32: Optional[list[str]] = typer.Option(None, "--keep-fp32", help="Linear layers kept FP32 by the "
+                                                  "quantize stage (fnmatch pattern, e.g. 'layers.0.*'; repeatable)."),
+    calib_samples: Optional[int] = typer.Option(None, help="Utterances INT8 activation ranges are calibrated on."),
+    calib_method: Optional[str] = typer.Option(None, help="ONNX Runtime calibration: minmax, percentile, entropy."),
+    embedding_bits: Optional[int] = typer.Option(None, help="Word-embedding precision in the ExecuTorch package: "
+                                                 "4, 8 or 0 (FP32)."),
 ):
     """Fine-tune a teacher, export it for the target's runtimes, and write a verified package."""
     from edgekit.pipeline import BuildConfig
@@ -92,7 +98,10 @@ def build(
                       compress={"vocab_budget": vocab_budget, "param_share": param_share, "prune_layers": prune_layers,
                                 "distill_epochs": distill_epochs, "distill_augment": distill_augment,
                                 "distill_novel": distill_novel,
-                                "temperature": temperature, "alpha": alpha, "max_retries": max_retries})
+                                "temperature": temperature, "alpha": alpha, "max_retries": max_retries},
+                      quantize={k: v for k, v in {"keep_fp32": keep_fp32, "calib_samples": calib_samples,
+                                                  "method": calib_method, "embedding_bits": embedding_bits}.items()
+                                if v is not None})
 
     def show(name, row):
         figs = ", ".join(f"{k} {row[k]:.4f}" for k in ("intent_acc", "slot_f1", "exact_match", "in_scope_acc",
@@ -155,6 +164,25 @@ def eval_(
         raise EdgekitError(f"unknown --split {split!r}; choose train, dev or test")
     typer.echo(json.dumps(evaluate_package(package, data, _runtime(runtime), split, format, compare_eager,
                                                 _names(allow_intents), not no_reject), indent=2))
+
+
+@app.command(name="bench")
+def bench_(
+    package: Path = typer.Argument(..., help="Package folder written by `edgekit build`."),
+    data: Path = typer.Option(..., "--data", help="Dataset whose utterances are timed."),
+    runtime: str = typer.Option("executorch", help="executorch or onnx."),
+    n: int = typer.Option(200, help="Utterances timed (each 3 times)."),
+    threads: int = typer.Option(1, help="Runtime threads (1: as an app's foreground call)."),
+    compare_teacher: bool = typer.Option(False, help="Also export the build's FP32 teacher the same way and time "
+                                         "it in the same run; reports the speed-up."),
+    split: str = typer.Option("test", help="train, dev or test."),
+):
+    """Single-utterance latency (p50/p99, after warm-up) of a package's model call on real utterances."""
+    from edgekit.bench import bench
+
+    if n < 1 or threads < 1:
+        raise EdgekitError("--n and --threads must be >= 1")
+    typer.echo(json.dumps(bench(package, data, _runtime(runtime), n, threads, compare_teacher, split), indent=2))
 
 
 @app.command()

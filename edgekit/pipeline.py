@@ -53,7 +53,7 @@ from edgekit.vocab import from_wordpiece
 
 log = logging.getLogger("edgekit")
 
-STAGES = ("teacher", "trim_vocab", "prune", "distill", "export", "package")  # all known stages, in order
+STAGES = ("teacher", "trim_vocab", "prune", "distill", "quantize", "export", "package")  # all known, in order
 COMPRESS_DEFAULTS = {"vocab_budget": None, "param_share": 0.25, "total_share": 1.0, "max_retries": 2, "backoff": 1.2,
                      "distill_epochs": 8, "distill_lr": 4e-4, "temperature": 4.0, "alpha": 0.7, "hidden_weight": 1.0,
                      "prune_samples": 512, "prune_layers": 0, "embedding_rank": None, "distill_augment": 0.0,
@@ -85,6 +85,8 @@ class BuildConfig:
     # Overrides of the profile's [compress] table, e.g. {"vocab_budget": 0 (no budget), "param_share": 0.3,
     # "total_share", "distill_epochs", "distill_lr", "temperature", "alpha", "max_retries", "backoff"}.
     compress: dict = field(default_factory=dict)
+    # Overrides of the profile's [quantize] table (QuantizeConfig fields), e.g. {"keep_fp32": ["layers.0.*"]}.
+    quantize: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.task != "intent":
@@ -95,6 +97,12 @@ class BuildConfig:
                 raise EdgekitError(f"unknown stage {unknown[0]!r}; stages: {', '.join(STAGES)}")
             if self.stages[0] != "teacher" or self.stages[-2:] != ["export", "package"]:
                 raise EdgekitError("stages must start with teacher and end with export, package")
+        from edgekit.converters.quantize_executorch import QuantizeConfig
+
+        try:
+            QuantizeConfig(**self.quantize)
+        except (TypeError, ValueError) as e:
+            raise EdgekitError(f"quantize setting: {e}") from None
         unknown = set(self.compress) - set(COMPRESS_DEFAULTS)
         if unknown:
             raise EdgekitError(f"unknown compression setting {sorted(unknown)[0]!r}")
@@ -304,11 +312,28 @@ def _decoding(ctx: Context):
     return dm, rec
 
 
+def _onnx_int8(ctx: Context, model, ecfg, path: Path, decoding: bool) -> PassRecord:
+    """Export `model` (FP32) to ONNX, then ONNX Runtime's static INT8 (QDQ) with the build's calibration."""
+    from edgekit.converters.export_onnx import export_onnx
+    from edgekit.converters.quantize_onnx import quantize_onnx
+
+    fp32_path = path.with_name(path.stem + ".fp32.onnx")
+    r = export_onnx(model, ecfg, fp32_path, _check_inputs(ctx, decoding))
+    cfg = quantize_config(ctx)
+    q = quantize_onnx(fp32_path, path, cfg, _calibration(ctx, cfg.calib_samples, decoding))
+    fp32_path.unlink()
+    r.extra["quantize"] = q.extra
+    r.warnings += q.warnings
+    r.extra["fp32_bytes"], r.bytes_after = r.bytes_after, q.bytes_after
+    return r
+
+
 def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
     """Export each of the target's runtimes with the decoding graph, check vs eager, score on the whole test split.
 
     The raw graph (logits, argmax decoding) is exported next to it under checkpoints/, so that plain argmax and
     constrained decoding are compared on the same runtime, and so is their latency (package stage)."""
+    from edgekit.converters.decoding import config_from_record, with_decoding
     from edgekit.converters.export_executorch import ExecuTorchExportConfig, export_executorch
     from edgekit.converters.export_onnx import OnnxExportConfig, export_onnx
     from edgekit.metrics import invalid_bio
@@ -321,16 +346,22 @@ def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
     eager = predict_eager(decoded, test, ctx.tokenizer, ctx.labels, ctx.max_len, reject=False)
     rec = PassRecord("export", params_before=count_params(ctx.model), params_after=count_params(ctx.model))
     rec.extra["decoding"] = drec.to_dict()["extra"]
+    fp32 = ctx.cache.get("fp32_model")  # set by the quantize stage: ONNX Runtime quantizes its own export
     for runtime in ctx.target.runtimes:
         fn, ecfg = exporters[runtime]
         # Staged under checkpoints/: the package in OUT/ changes only when the package stage completes.
         path = ctx.ckpt_dir / MODEL_FILES[runtime]
         raw_path = ctx.ckpt_dir / ("raw." + MODEL_FILES[runtime].split(".")[-1])
-        r = fn(decoded, ecfg, path, _check_inputs(ctx, True))
+        if runtime == "onnx" and fp32 is not None:
+            dm, _ = with_decoding(fp32, config_from_record(ctx.labels, rec.extra["decoding"]))
+            r = _onnx_int8(ctx, dm, ecfg, path, True)
+            raw = _onnx_int8(ctx, fp32, ecfg, raw_path, False)
+        else:
+            r = fn(decoded, ecfg, path, _check_inputs(ctx, True))
+            raw = fn(ctx.model, ecfg, raw_path, _check_inputs(ctx, False))
         answers = _runtime_answers(ctx, runtime, path, True)
         r.metrics = score(test, answers, ctx.labels)
         r.extra["agreement_with_eager"] = agreement(answers, eager)
-        raw = fn(ctx.model, ecfg, raw_path, _check_inputs(ctx, False))
         raw_answers = _runtime_answers(ctx, runtime, raw_path, False)
         shipped = _runtime_answers(ctx, runtime, path, True, reject=True)  # as the app gets them by default
         rejecting = score(test, shipped, ctx.labels)
@@ -583,8 +614,49 @@ def stage_distill(ctx: Context) -> tuple[dict, PassRecord]:
     return ctx.stage_row("distill", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds), rec
 
 
+def quantize_config(ctx: Context, **over):
+    from edgekit.converters.quantize_executorch import QuantizeConfig
+
+    return QuantizeConfig(**{**ctx.target.quantize, **ctx.cfg.quantize, **over})
+
+
+def _calibration(ctx: Context, n: int, decoding: bool) -> list[list[np.ndarray]]:
+    """Graph inputs for `n` train utterances (a fixed shuffle: every intent is represented)."""
+    from edgekit.runtime.predictor import model_inputs
+
+    train = ctx.data.splits["train"]
+    idx = np.random.default_rng(ctx.cfg.seed).permutation(len(train))[:n]
+    return [model_inputs(ctx.tokenizer.encode(train[i].text, ctx.max_len), len(ctx.data.intents), decoding,
+                         reject=False) for i in idx]
+
+
+def _quantize(ctx: Context, cfg, evaluate=None):
+    from edgekit.converters.quantize_executorch import calibration_batches, quantize_executorch
+
+    calib = calibration_batches(_calibration(ctx, cfg.calib_samples, False))
+    return quantize_executorch(ctx.model, cfg, calib, evaluate, log=log.info)
+
+
+def stage_quantize(ctx: Context) -> tuple[dict, PassRecord]:
+    """INT8 for XNNPACK (PT2E, calibrated, 4/8-bit embeddings), with FP32 fallback of the most sensitive layers
+    while dev drops more than the profile's [quantize] budget against the FP32 model. ONNX Runtime's own INT8
+    pass (quantize_onnx) runs on the exported ONNX graph in the export stage, with the same calibration."""
+    cfg = quantize_config(ctx)
+    fp32 = ctx.model
+
+    def dev(m):
+        return ctx.evaluate(m, ctx.tokenizer, "dev")
+
+    q, rec = _quantize(ctx, cfg, dev)
+    rec.metrics = ctx.evaluate(q, ctx.tokenizer, "test")
+    rec.params_after = count_params(fp32)
+    ctx.cache["fp32_model"], ctx.model = fp32, q
+    return ctx.stage_row("quantize", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds), rec
+
+
 STAGE_FUNCS = {"teacher": stage_teacher, "trim_vocab": stage_trim_vocab, "prune": stage_prune,
-               "distill": stage_distill, "export": stage_export, "package": stage_package}
+               "distill": stage_distill, "quantize": stage_quantize, "export": stage_export,
+               "package": stage_package}
 
 
 def report(ctx: Context) -> dict:
@@ -592,6 +664,7 @@ def report(ctx: Context) -> dict:
             "dataset": {**ctx.data.summary(), "lengths": ctx.length_stats}, "stages": ctx.rows,
             "package": ctx.package, "latency": ctx.latency, "compress": ctx.compress or None,
             "budget": ctx.target.budget,
+            "quant_layers": next((r["extra"]["quant_layers"] for r in ctx.records if r["name"] == "quantize"), None),
             "passes": ctx.records}
 
 
@@ -623,6 +696,11 @@ def _restore(ctx: Context, state: dict) -> None:
         ctx.checkpoint = {"model": f"{last}.safetensors", "tokenizer": f"{last}.tokenizer.model"}
         if not ctx.teacher_dev:
             ctx.teacher_dev = ctx.evaluate(ctx.teacher, ctx.teacher_tokenizer, "dev")
+        if "quantize" in done:  # no checkpoint of its own: the same calibration redone with the recorded fallbacks
+            qrec = next(r for r in ctx.records if r["name"] == "quantize")["extra"]
+            keep = [f["layer"] for f in qrec["fp32_layers"]]
+            ctx.cache["fp32_model"] = ctx.model
+            ctx.model, _ = _quantize(ctx, quantize_config(ctx, keep_fp32=keep, max_fallback=0))
 
 
 def compress_settings(cfg: BuildConfig, target: Target) -> dict:

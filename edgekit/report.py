@@ -38,6 +38,7 @@ def render_markdown(rep: dict) -> str:
                      + (f" {_pct(r.get('in_scope_acc'))} | {_pct(r.get('oos_recall'))} |" if oos else "")
                      + f" {r['params']:,} | {_size(r['size_bytes'])} | {r['seconds']:.1f} |")
     lines += _compression(rep)
+    lines += _quantization(rep)
     export = next((p for p in rep.get("passes", []) if p["name"] == "export"), None)
     if export:
         lines += ["", "## Exported artifacts against eager (test split)", "",
@@ -126,6 +127,45 @@ def _compression(rep: dict) -> list[str]:
                      + (f" ({passes['distill']['params_after']:,} of {teacher['params_after']:,})" if teacher else "")
                      + ".")
         lines += _tries(passes["distill"])
+    return lines
+
+
+def _quantization(rep: dict) -> list[str]:
+    """INT8: what was quantized, what fell back to FP32 and why, and the 10 least accurate layers."""
+    q = next((p for p in rep.get("passes", []) if p["name"] == "quantize"), None)
+    if not q:
+        return []
+    e = q["extra"]
+    emb = e.get("embedding") or {}
+    lines = ["", "## Quantization (INT8)", "",
+             f"ExecuTorch/XNNPACK (PT2E, XNNPACKQuantizer): {e['quantized_linears']} of {e['linears']} Linear layers "
+             f"static INT8 (per-channel weights, activations calibrated on {e['calib_samples']} train utterances); "
+             + (f"word embeddings {emb['bits']}-bit" + (f" in groups of {emb['group']}" if emb.get("group") else "")
+                + f" (SQNR {emb['sqnr_db']} dB)" if emb else "word embeddings FP32")
+             + f"; weights {_size(q['bytes_before'])} → {_size(q['bytes_after'])}. Attention products, softmax and "
+             "LayerNorm stay FP32."]
+    for t in e.get("tries", []):
+        lines.append(f"- {len(t['fp32_layers'])} layers FP32: dev drop against the FP32 model "
+                     + ", ".join(f"{k} {v:.2f} pts" for k, v in t["drop_pts"].items()))
+    for f in e.get("fp32_layers", []):
+        lines.append(f"- FP32 fallback `{f['layer']}`: {f['why']}")
+    export = next((p for p in rep.get("passes", []) if p["name"] == "export"), None)
+    oq = export and export["extra"].get("onnx", {}).get("extra", {}).get("quantize")
+    if oq:
+        lines.append(f"- ONNX Runtime (quantize_static, QDQ, per-channel): {oq['quantized_matmuls']} MatMul/Gemm "
+                     f"layers, calibration {oq['method']}"
+                     + (f" {oq['percentile']}" if oq.get("percentile") else "") + f" on {oq['calib_samples']} "
+                     f"utterances; nodes {oq['nodes_before']} → {oq['nodes_after']} (QDQ pairs added).")
+    rows = e.get("quant_layers", [])[:10]
+    if rows:
+        lines += ["", "Least accurate layers (isolated: each fed the FP32 model's input; all layers in report.json "
+                  "`quant_layers`):", "", "| layer | SQNR dB | activation scale | zero point | output scale | "
+                  "weight scale min / mean / max |", "|---|---:|---:|---:|---:|---|"]
+        for r in rows:
+            lines.append(f"| {r['layer']} | {r['sqnr_db']:.1f} | {r['act_scale']:.4g} | {r['act_zero_point']} | "
+                         + (f"{r['out_scale']:.4g}" if r["out_scale"] is not None else "—")
+                         + f" | {r['weight_scale_min']:.3g} / {r['weight_scale_mean']:.3g} / "
+                         f"{r['weight_scale_max']:.3g} |")
     return lines
 
 

@@ -20,6 +20,7 @@ class Target:
     stages: list[str] = field(default_factory=lambda: ["teacher", "export", "package"])
     budget: dict = field(default_factory=dict)  # accuracy drop allowed against the teacher on dev, in points
     compress: dict = field(default_factory=dict)  # vocabulary and parameter budgets, distillation settings
+    quantize: dict = field(default_factory=dict)  # QuantizeConfig fields (INT8 calibration, embeddings, budget)
 
 
 def available() -> list[str]:

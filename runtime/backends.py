@@ -58,6 +58,9 @@ class ExecuTorchBackend:
 
     def __init__(self, path: str | Path, method: str = "forward"):
         global _ET_LOADED
+        # The quantized kernels (INT8/4-bit embedding lookups of INT8 packages) live in their own library, as
+        # in an app, which links `quantized_ops_lib` beside the portable and XNNPACK ones.
+        import executorch.kernels.quantized  # noqa: F401
         from executorch.runtime import Runtime
 
         if _ET_THREADS is None:

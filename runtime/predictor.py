@@ -106,9 +106,12 @@ class Predictor:
         return {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99)), "n": len(times)}
 
 
-def paired_latency(a: Predictor, b: Predictor, texts: list[str], rounds: int = 3, warmup: int = 20) -> tuple[dict, dict]:
-    """Latency of two predictors measured utterance by utterance in alternation (order flipped each time), so
-    that both see the same machine state; a shared CPU drifts by more than the difference being measured."""
+def paired_latency(a: Predictor, b: Predictor, texts: list[str], rounds: int = 3, warmup: int = 20,
+                   block: int = 1) -> tuple[dict, dict]:
+    """Latency of two predictors measured in alternation (order flipped each time), so that both see the same
+    machine state; a shared CPU drifts by more than the difference being measured. block=1 alternates utterance
+    by utterance (two graphs of one model); a larger block runs that many utterances of one before the other,
+    so that a small model is not timed with its caches just flushed by a big one (package against teacher)."""
     def inputs(p):
         return [model_inputs(p.tokenizer.encode(t, p.max_len), len(p.labels["intents"]), p.decoding) for t in texts]
 
@@ -118,10 +121,11 @@ def paired_latency(a: Predictor, b: Predictor, texts: list[str], rounds: int = 3
         b.backend.run(*xb[k])
     ta, tb = [], []
     for r in range(rounds):
-        for k in range(len(texts)):
-            for p, x, out in ((a, xa, ta), (b, xb, tb))[:: 1 if (k + r) % 2 == 0 else -1]:
-                t0 = time.perf_counter()
-                p.backend.run(*x[k])
-                out.append((time.perf_counter() - t0) * 1000)
+        for s in range(0, len(texts), block):
+            for p, x, out in ((a, xa, ta), (b, xb, tb))[:: 1 if (s // block + r) % 2 == 0 else -1]:
+                for k in range(s, min(s + block, len(texts))):
+                    t0 = time.perf_counter()
+                    p.backend.run(*x[k])
+                    out.append((time.perf_counter() - t0) * 1000)
     return tuple({"p50_ms": float(np.percentile(t, 50)), "p99_ms": float(np.percentile(t, 99)), "n": len(t)}
                  for t in (ta, tb))

@@ -153,3 +153,33 @@ def test_intent_only_csv_build(tmp_path, tiny_bert):
     for rt in ("executorch", "onnx"):
         ans = Predictor.open(pkg, rt).predict("call mom", reject=False)
         assert ans["slots"] == [] and ans["intent"] in pkg.labels["intents"]
+
+
+def test_quantized_build_and_resume_after_quantize(built, tiny_bert, tmp_path):
+    import shutil
+
+    out = tmp_path / "int8"
+    shutil.copytree(built[0], out)
+    state = json.loads((out / "checkpoints" / "state.json").read_text())
+    state["done"], state["rows"], state["records"] = state["done"][:1], state["rows"][:1], state["records"][:1]
+    (out / "checkpoints" / "state.json").write_text(json.dumps(state))
+    stages = ["teacher", "quantize", "export", "package"]
+    cfg = BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), resume=True, stages=stages,
+                      quantize={"embedding_bits": 8, "calib_samples": 64, "method": "minmax"})
+    rep = build(cfg)
+    assert [s["name"] for s in rep["stages"]] == stages
+    q = next(p for p in rep["passes"] if p["name"] == "quantize")
+    assert rep["quant_layers"] and q["extra"]["quantized_linears"] > 0 and q["bytes_after"] < q["bytes_before"]
+    onnx_q = next(p for p in rep["passes"] if p["name"] == "export")["extra"]["onnx"]["extra"]["quantize"]
+    assert onnx_q["quantized_matmuls"] > 0 and onnx_q["nodes_after"] > onnx_q["nodes_before"]
+    assert "## Quantization (INT8)" in (out / "report.md").read_text()
+    pkg = Package.load(out)
+    for rt in ("executorch", "onnx"):
+        assert Predictor.open(pkg, rt).predict("play some jazz")["intent"] in pkg.labels["intents"] + ["oos"]
+    # resume after quantize: the INT8 model is rebuilt from the record (no checkpoint of its own)
+    state = json.loads((out / "checkpoints" / "state.json").read_text())
+    state["done"], state["rows"], state["records"] = state["done"][:2], state["rows"][:2], state["records"][:2]
+    (out / "checkpoints" / "state.json").write_text(json.dumps(state))
+    again = build(BuildConfig(**{**cfg.__dict__, "train": TrainConfig(epochs=1, lr=0.5, head_lr=0.5)}))
+    assert again["stages"][1] == rep["stages"][1]
+    assert again["stages"][2]["intent_acc"] == pytest.approx(rep["stages"][2]["intent_acc"], abs=0.02)

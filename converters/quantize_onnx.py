@@ -1,0 +1,80 @@
+"""Pass: static INT8 quantization of an exported ONNX graph with ONNX Runtime (QDQ, per-channel weights).
+
+`quantize_onnx(src, dst, cfg, calib)` runs `onnxruntime.quantization.quantize_static` with a calibration reader
+over real task utterances (the graph's own inputs). Only the MatMul/Gemm nodes that multiply by a weight
+initializer are quantized (the encoder's and heads' Linear layers): attention products, softmax, LayerNorm
+and the decoding graph stay FP32, as on the ExecuTorch path. Calibration: minmax, percentile (default 99.9)
+or entropy (QuantizeConfig.method). Activations are uint8 and weights int8 (U8S8): on x86 ONNX Runtime's S8S8 QDQ
+path ran slower than FP32 here (ATIS student, 1 thread: FP32 3.60 ms, S8S8 5.97 ms, U8S8 2.30 ms p50).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edgekit.converters.quantize_executorch import QuantizeConfig
+from edgekit.io import atomic_path
+from edgekit.record import PassRecord
+
+
+def weight_matmuls(model) -> list[str]:
+    """Names of the MatMul/Gemm nodes whose second input is a weight initializer (the Linear layers)."""
+    inits = {i.name for i in model.graph.initializer}
+    return [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in inits]
+
+
+def quantize_onnx(src: str | Path, dst: str | Path, cfg: QuantizeConfig, calib: list[list[np.ndarray]],
+                  exclude: list[str] | None = None) -> PassRecord:
+    """Write the INT8 QDQ model of `src` to `dst`. calib: the graph's inputs, one list per utterance, in the
+    graph's input order. exclude: MatMul/Gemm node names left FP32."""
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    t0 = time.perf_counter()
+    model = onnx.load(str(src))
+    names = [i.name for i in model.graph.input]
+    nodes = [n for n in weight_matmuls(model) if n not in set(exclude or ())]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(calib[: cfg.calib_samples])
+
+        def get_next(self):
+            x = next(self.it, None)
+            return None if x is None else dict(zip(names, x))
+
+    method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
+              "entropy": CalibrationMethod.Entropy}[cfg.method]
+    extra = {"CalibPercentile": cfg.percentile} if cfg.method == "percentile" else {}
+    warnings, used = [], cfg.method
+    with atomic_path(dst) as tmp:
+        try:
+            _run(quantize_static, src, tmp, Reader(), method, nodes, extra, QuantFormat, QuantType)
+        except ValueError as e:
+            # numpy's histogram refuses a tensor whose range is too narrow for its float spacing ("Too many bins
+            # for data range"); min/max calibration has no histogram.
+            warnings.append(f"ONNX Runtime {cfg.method} calibration failed ({e}); used minmax")
+            used = "minmax"
+            _run(quantize_static, src, tmp, Reader(), CalibrationMethod.MinMax, nodes, {}, QuantFormat, QuantType)
+    out = onnx.load(str(dst))
+    return PassRecord("quantize_onnx", bytes_before=Path(src).stat().st_size, bytes_after=Path(dst).stat().st_size,
+                      seconds=time.perf_counter() - t0, warnings=warnings,
+                      extra={"method": used, "percentile": cfg.percentile if used == "percentile" else None,
+                             "calib_samples": min(len(calib), cfg.calib_samples), "quantized_matmuls": len(nodes),
+                             "excluded": sorted(exclude or ()), "nodes_before": len(model.graph.node),
+                             "nodes_after": len(out.graph.node)})
+
+
+def _run(quantize_static, src, dst, reader, method, nodes, extra, QuantFormat, QuantType):
+    quantize_static(str(src), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=method,
+                    nodes_to_quantize=nodes, extra_options={"ActivationSymmetric": False, **extra})

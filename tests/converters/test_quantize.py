@@ -1,0 +1,118 @@
+import numpy as np
+import pytest
+import torch
+
+from edgekit.converters.quantize_executorch import (
+    QuantizeConfig,
+    QuantizedEmbedding,
+    QuantizedJoint,
+    linear_names,
+    quantize_executorch,
+)
+from edgekit.model import JointModel, ModelConfig
+
+T = 12
+
+
+def tiny(seed=0):
+    torch.manual_seed(seed)
+    return JointModel(ModelConfig(vocab_size=80, hidden=32, heads=[2, 4], ffn=[64, 48], head_dim=8, n_intents=3,
+                                  n_slots=5, max_positions=64)).eval()
+
+
+def calib(n=4, B=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(1, 80, (B, T), generator=g)
+        mask = torch.ones(B, T, dtype=torch.long)
+        mask[:, -3:] = 0
+        out.append((ids, mask))
+    return out
+
+
+def test_quantize_tiny_model_shapes_record_and_accuracy_of_simulation():
+    m = tiny()
+    q, rec = quantize_executorch(m, QuantizeConfig(embedding_bits=8), calib())
+    ids, mask = calib(1, 2, seed=1)[0]
+    ref, got = m(ids, mask), q(ids, mask)
+    assert [r.shape for r in ref] == [g.shape for g in got]
+    assert all(torch.isfinite(g).all() for g in got)
+    assert (ref[0].argmax(-1) == got[0].argmax(-1)).float().mean() >= 0.5
+    layers = rec.extra["quant_layers"]
+    assert {r["layer"] for r in layers} == set(linear_names(m))  # every Linear quantized and reported
+    assert all(r["sqnr_db"] > 10 and r["act_scale"] > 0 for r in layers)  # INT8 of a random net: ~20-40 dB
+    assert rec.bytes_after < rec.bytes_before / 2
+    assert rec.extra["embedding"]["bits"] == 8 and rec.extra["embedding"]["sqnr_db"] > 30
+
+
+@pytest.mark.parametrize("bits,group", [(8, 32), (4, 8)])
+def test_quantized_embedding_matches_table(bits, group):
+    w = torch.randn(50, 16)
+    e = QuantizedEmbedding(w, bits, group)
+    ids = torch.tensor([[0, 7, 49]])
+    err = (e(ids) - w[ids]).abs().max() / w.abs().max()
+    assert err < (0.01 if bits == 8 else 0.15)
+    assert e.q.numel() * e.q.element_size() == w.numel() * bits // 8  # packed: 4 bits are half a byte
+
+
+def test_fallback_puts_least_accurate_layers_back_to_fp32_until_the_budget_holds():
+    m = tiny()
+
+    def evaluate(model):  # a stand-in dev metric: each FP32 layer wins back 0.3 pt of intent accuracy
+        if isinstance(model, QuantizedJoint):
+            return {"intent_acc": 0.99 + 0.003 * len(model.fp32_layers), "slot_f1": 0.9}
+        return {"intent_acc": 1.0, "slot_f1": 0.9}
+
+    q, rec = quantize_executorch(m, QuantizeConfig(embedding_bits=0, intent_drop_pts=0.5), calib(), evaluate)
+    fell = [f["layer"] for f in rec.extra["fp32_layers"]]
+    assert len(fell) == 2 and q.fp32_layers == sorted(fell)  # 1.0 -> 0.7 -> 0.4 pt: two layers back
+    assert all("SQNR" in f["why"] for f in rec.extra["fp32_layers"])
+    first = rec.extra["tries"][0]
+    assert first["drop_pts"]["intent_acc"] == pytest.approx(1.0) and len(rec.extra["tries"]) == 3
+    _, all_int8 = quantize_executorch(m, QuantizeConfig(embedding_bits=0), calib())
+    assert fell[0] == all_int8.extra["quant_layers"][0]["layer"]  # the least accurate layer went back first
+    assert fell[0] not in {r["layer"] for r in rec.extra["quant_layers"]}  # now FP32: no longer quantized
+    assert rec.extra["quantized_linears"] == len(linear_names(m)) - 2
+    assert not rec.warnings
+
+
+def test_keep_fp32_pattern():
+    m = tiny()
+    q, rec = quantize_executorch(m, QuantizeConfig(embedding_bits=0, keep_fp32=["layers.0.*"]), calib())
+    kept = {f["layer"] for f in rec.extra["fp32_layers"]}
+    assert kept == {n for n in linear_names(m) if n.startswith("layers.0.")}
+    assert all(f["why"] == "--keep-fp32" for f in rec.extra["fp32_layers"])
+    assert not kept & {r["layer"] for r in rec.extra["quant_layers"]}
+
+
+def test_config_validates():
+    for bad in ({"embedding_bits": 3}, {"method": "kl"}, {"percentile": 10}, {"calib_samples": 0}):
+        with pytest.raises(ValueError):
+            QuantizeConfig(**bad)
+
+
+def test_int8_exports_to_executorch_in_xnnpack_and_to_onnx_runtime(tmp_path):
+    from edgekit.converters.export_executorch import ExecuTorchExportConfig, export_executorch
+    from edgekit.converters.export_onnx import OnnxExportConfig, export_onnx
+    from edgekit.converters.quantize_onnx import quantize_onnx
+    from edgekit.runtime.backends import OnnxBackend
+
+    m = tiny()
+    q, _ = quantize_executorch(m, QuantizeConfig(embedding_bits=4, embedding_group=8), calib())
+    checks = [[ids[:1].numpy(), mask[:1].numpy()] for ids, mask in calib(3, 1, seed=2)]
+    rec = export_executorch(q, ExecuTorchExportConfig(T), tmp_path / "m.pte", checks)
+    assert rec.extra["parity"]["intent_argmax_agree"] >= 2 / 3
+    assert "aten.linear.default" not in rec.extra["undelegated_ops"]  # every INT8 Linear runs in XNNPACK
+    fp = export_executorch(m, ExecuTorchExportConfig(T), tmp_path / "fp32.pte", checks)
+    assert rec.bytes_after < fp.bytes_after
+
+    export_onnx(m, OnnxExportConfig(T), tmp_path / "m.onnx", checks)
+    cal = [[ids[k:k + 1].numpy(), mask[k:k + 1].numpy()] for ids, mask in calib() for k in range(len(ids))]
+    orec = quantize_onnx(tmp_path / "m.onnx", tmp_path / "q.onnx", QuantizeConfig(method="minmax"), cal)
+    assert orec.extra["quantized_matmuls"] == len(linear_names(m))
+    assert orec.extra["nodes_after"] > orec.extra["nodes_before"]  # QuantizeLinear/DequantizeLinear pairs
+    ref, got = OnnxBackend(tmp_path / "m.onnx"), OnnxBackend(tmp_path / "q.onnx")
+    for x in checks:
+        a, b = ref.run(*x), got.run(*x)
+        assert np.isfinite(b[0]).all() and np.abs(a[0] - b[0]).max() < 0.5 * np.abs(a[0]).max() + 0.1
