@@ -47,6 +47,27 @@ def partitioner(encoder_only: bool):
     return EncoderXnnpackPartitioner() if encoder_only else XnnpackPartitioner()
 
 
+# Ops that move or shape data (or build constants) rather than compute: left out of the delegated share.
+MOVEMENT = {"view_copy", "expand_copy", "unsqueeze_copy", "squeeze_copy", "select_copy", "slice_copy", "clone",
+            "permute_copy", "_to_dim_order_copy", "_clone_dim_order", "arange", "full", "full_like", "getitem",
+            "split_with_sizes_copy", "cat", "alloc", "scalar_tensor"}
+
+
+def delegated_share(edge_program) -> dict:
+    """Share of compute ops (data movement left out) that run inside XNNPACK delegates."""
+    from executorch.devtools.backend_debug import get_delegation_info
+
+    info = get_delegation_info(edge_program.exported_program().graph_module)
+    inside = outside = 0
+    for op, b in info.delegation_by_operator.items():
+        name = re.sub(r"^(aten_|dim_order_ops_|quantized_decomposed_)", "", op)  # e.g. aten_view_copy_default
+        if any(name.startswith(m) for m in MOVEMENT):
+            continue
+        inside, outside = inside + b.delegated, outside + b.non_delegated
+    return {"delegated_compute_ops": inside, "portable_compute_ops": outside,
+            "delegated_share": inside / max(1, inside + outside)}
+
+
 def delegation(edge_program) -> dict:
     """Count compute ops left outside XNNPACK delegates in a lowered edge program."""
     ops = Counter()
@@ -81,7 +102,7 @@ def export_executorch(model: torch.nn.Module, cfg: ExecuTorchExportConfig, path:
     with torch.no_grad():
         exported = torch.export.export(model, example, strict=False)
     edge = to_edge_transform_and_lower(exported, partitioner=[partitioner(getattr(model, "decoding", False))])
-    info = delegation(edge)
+    info = {**delegation(edge), **delegated_share(edge)}
     program = edge.to_executorch()
     write_bytes(path, program.buffer)
     backend = ExecuTorchBackend(path)

@@ -101,6 +101,21 @@ class QuantizedEmbedding(nn.Module):
         return self.forward(torch.arange(self.q.shape[0])[None])[0]  # (V, H)
 
 
+class XnnpackLayerNorm(nn.Module):
+    """LayerNorm over the last dim written as ops XNNPACK delegates (its mean is 4-D over the two innermost
+    dims), so the encoder lowers as one delegate instead of breaking at every portable native_layer_norm."""
+
+    def __init__(self, ln: nn.LayerNorm):
+        super().__init__()
+        self.weight, self.bias, self.eps = ln.weight, ln.bias, ln.eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x4 = x.unsqueeze(-1)  # (B, T, H, 1)
+        c = x4 - x4.mean(dim=(-2, -1), keepdim=True)
+        var = (c * c).mean(dim=(-2, -1), keepdim=True)  # (B, T, 1, 1)
+        return (c * torch.rsqrt(var + self.eps)).squeeze(-1) * self.weight + self.bias
+
+
 class QuantizedJoint(nn.Module):
     """The converted PT2E graph behind a JointModel's interface (forward(input_ids, attention_mask), .cfg)."""
 
@@ -132,6 +147,10 @@ def _prepare_float(model: nn.Module, cfg: QuantizeConfig, max_len: int) -> nn.Mo
         m.pos_emb = pos
     if cfg.embedding_bits:
         m.word_emb = QuantizedEmbedding(m.word_emb.weight, cfg.embedding_bits, cfg.embedding_group)
+    for name, mod in list(m.named_modules()):
+        for child, sub in list(mod.named_children()):
+            if isinstance(sub, nn.LayerNorm):
+                setattr(mod, child, XnnpackLayerNorm(sub))
     return m
 
 

@@ -328,6 +328,20 @@ def _onnx_int8(ctx: Context, model, ecfg, path: Path, decoding: bool) -> PassRec
     return r
 
 
+def _fuse(ctx: Context, path: Path, decoding: bool) -> dict:
+    """ONNX Runtime's offline graph optimizations on `path` (in place), checked on the whole test split."""
+    from edgekit.converters.fuse import fuse_onnx
+    from edgekit.runtime.predictor import model_inputs
+
+    n = len(ctx.data.intents)
+    checks = [model_inputs(ctx.tokenizer.encode(ex.text, ctx.max_len), n, decoding, reject=False)
+              for ex in ctx.data.splits["test"]]
+    fused = path.with_name(path.stem + ".fused.onnx")
+    rec = fuse_onnx(path, fused, checks)
+    fused.replace(path)
+    return rec.extra | {"seconds": round(rec.seconds, 2)}
+
+
 def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
     """Export each of the target's runtimes with the decoding graph, check vs eager, score on the whole test split.
 
@@ -359,6 +373,9 @@ def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
         else:
             r = fn(decoded, ecfg, path, _check_inputs(ctx, True))
             raw = fn(ctx.model, ecfg, raw_path, _check_inputs(ctx, False))
+        if runtime == "onnx":
+            r.extra["fuse"] = _fuse(ctx, path, True)
+            raw.extra["fuse"] = _fuse(ctx, raw_path, False)
         answers = _runtime_answers(ctx, runtime, path, True)
         r.metrics = score(test, answers, ctx.labels)
         r.extra["agreement_with_eager"] = agreement(answers, eager)
@@ -373,7 +390,10 @@ def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
                             "invalid_bio": invalid_bio([a.get("tags") for a in answers])},
             "with_rejection": {k: rejecting.get(k) for k in ("intent_acc", "in_scope_acc", "oos_recall")},
             "rejected_share": sum(a["intent"] == (ctx.data.oos_label or OOS) for a in shipped) / len(test),
-            "raw_parity": raw.extra["parity"], "raw_bytes": raw.bytes_after}
+            "raw_parity": raw.extra["parity"], "raw_bytes": raw.bytes_after,
+            "raw_delegation": {k: raw.extra[k] for k in ("delegated_share", "delegated_compute_ops",
+                                                         "portable_compute_ops") if k in raw.extra},
+            "raw_fuse": raw.extra.get("fuse")}
         rec.extra[runtime] = r.to_dict()
         rec.warnings += r.warnings
         log.info("%s: %s bytes, agreement with eager %.4f, max abs diff %.2e", runtime, r.bytes_after,
@@ -389,8 +409,8 @@ def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
 
 def stage_package(ctx: Context) -> tuple[dict, PassRecord]:
     """Write tokenizer, labels and manifest; reload the package as an app would; measure it."""
-    from edgekit.runtime.backends import BACKENDS
-    from edgekit.runtime.predictor import Predictor, paired_latency
+    from edgekit.bench import in_fresh_process
+    from edgekit.runtime.predictor import Predictor
 
     t0 = time.perf_counter()
     dec = next(r for r in ctx.records if r["name"] == "export")["extra"]["decoding"]
@@ -438,10 +458,8 @@ def stage_package(ctx: Context) -> tuple[dict, PassRecord]:
         p = Predictor.open(pkg, runtime, threads=ctx.target.bench_threads)
         # The same model without the decoding graph, measured in the same run: what decoding costs.
         raw_path = ctx.ckpt_dir / ("raw." + MODEL_FILES[runtime].split(".")[-1])
-        backend = BACKENDS[runtime](raw_path) if runtime == "executorch" else BACKENDS[runtime](
-            raw_path, ctx.target.bench_threads)
-        raw = Predictor(backend, p.tokenizer, p.labels, p.max_len, decoding=False)
-        lat, lat_raw = paired_latency(p, raw, texts)
+        lat, lat_raw = in_fresh_process("decoding_latency", package=str(ctx.out), runtime=runtime,
+                                        raw_path=str(raw_path), texts=texts, threads=ctx.target.bench_threads)
         ctx.latency[runtime] = {"p50_ms": round(lat["p50_ms"], 3), "p99_ms": round(lat["p99_ms"], 3),
                                 "threads": ctx.target.bench_threads, "n": lat["n"], "max_len": ctx.max_len,
                                 "without_decoding": {"p50_ms": round(lat_raw["p50_ms"], 3),

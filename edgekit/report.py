@@ -50,6 +50,7 @@ def render_markdown(rep: dict) -> str:
                 lines.append(f"| {rt} | {_pct(e['extra']['agreement_with_eager'])} | "
                              f"{e['extra']['parity']['max_abs_diff']:.2e} | {_pct(e['metrics']['intent_acc'])} | "
                              f"{_pct(e['metrics'].get('slot_f1'))} |")
+    lines += _fusion(export)
     lines += _decoding(export)
     if rep.get("package"):
         pk = rep["package"]
@@ -167,6 +168,28 @@ def _quantization(rep: dict) -> list[str]:
                          + f" | {r['weight_scale_min']:.3g} / {r['weight_scale_mean']:.3g} / "
                          f"{r['weight_scale_max']:.3g} |")
     return lines
+
+
+def _fusion(export: dict | None) -> list[str]:
+    """Fixed-shape fusion: ONNX Runtime's offline optimizations, and XNNPACK's share of ExecuTorch compute ops."""
+    if not export:
+        return []
+    lines = []
+    et = export["extra"].get("executorch", {}).get("extra", {})
+    raw = et.get("decoding", {}).get("raw_delegation")
+    if "delegated_share" in et:
+        lines.append(f"- ExecuTorch: {_pct(et['delegated_share'])}% of compute ops in XNNPACK "
+                     f"({et['delegated_compute_ops']} delegated, {et['portable_compute_ops']} portable; data "
+                     "movement not counted)"
+                     + (f"; the model without the decoding graph: {_pct(raw['delegated_share'])}% "
+                        f"({raw['delegated_compute_ops']} / {raw['portable_compute_ops']})" if raw else "")
+                     + f"; {et.get('delegate_calls')} delegate calls.")
+    on = export["extra"].get("onnx", {}).get("extra", {}).get("fuse")
+    if on:
+        lines.append(f"- ONNX Runtime, offline graph optimization (extended): nodes {on['nodes_before']} → "
+                     f"{on['nodes_after']}; fused against unfused on {on['checked']} test utterances: "
+                     f"{_pct(on['agreement'])}% identical answers.")
+    return ["", "## Fusion (fixed shapes)", ""] + lines if lines else []
 
 
 def _decoding(export: dict | None) -> list[str]:

@@ -80,6 +80,13 @@ def test_predict_json_on_built_package(tmp_path, tiny_bert):
                 "--no-reject")
         assert r.returncode == 0 and json.loads(r.stdout)["intent"] in allowed, r.stderr[-2000:]
     assert_one_line_error(run("predict", str(out), "hi", "--allow-intents", "dance"), "unknown intent 'dance'")
+    # bench: the package against its FP32 teacher exported the same way, in one run
+    b = run("bench", str(out), "--data", str(DEMO), "--n", "20", "--compare-teacher")
+    assert b.returncode == 0, b.stderr[-2000:]
+    rep = json.loads(b.stdout)
+    assert rep["package_latency"]["n"] == 60 and rep["teacher_latency"]["p50_ms"] > 0
+    assert rep["speedup_p50"] == pytest.approx(rep["teacher_latency"]["p50_ms"] / rep["package_latency"]["p50_ms"])
+    assert_one_line_error(run("bench", str(tmp_path / "nope"), "--data", str(DEMO)), "nope")
 
 
 def test_unknown_build_intent_is_one_line(tmp_path):

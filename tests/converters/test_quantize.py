@@ -95,6 +95,7 @@ def test_config_validates():
 def test_int8_exports_to_executorch_in_xnnpack_and_to_onnx_runtime(tmp_path):
     from edgekit.converters.export_executorch import ExecuTorchExportConfig, export_executorch
     from edgekit.converters.export_onnx import OnnxExportConfig, export_onnx
+    from edgekit.converters.fuse import fuse_onnx
     from edgekit.converters.quantize_onnx import quantize_onnx
     from edgekit.runtime.backends import OnnxBackend
 
@@ -104,6 +105,8 @@ def test_int8_exports_to_executorch_in_xnnpack_and_to_onnx_runtime(tmp_path):
     rec = export_executorch(q, ExecuTorchExportConfig(T), tmp_path / "m.pte", checks)
     assert rec.extra["parity"]["intent_argmax_agree"] >= 2 / 3
     assert "aten.linear.default" not in rec.extra["undelegated_ops"]  # every INT8 Linear runs in XNNPACK
+    assert "aten.native_layer_norm.default" not in rec.extra["undelegated_ops"]  # XnnpackLayerNorm
+    assert rec.extra["delegated_share"] >= 0.95, rec.extra
     fp = export_executorch(m, ExecuTorchExportConfig(T), tmp_path / "fp32.pte", checks)
     assert rec.bytes_after < fp.bytes_after
 
@@ -116,3 +119,7 @@ def test_int8_exports_to_executorch_in_xnnpack_and_to_onnx_runtime(tmp_path):
     for x in checks:
         a, b = ref.run(*x), got.run(*x)
         assert np.isfinite(b[0]).all() and np.abs(a[0] - b[0]).max() < 0.5 * np.abs(a[0]).max() + 0.1
+
+    frec = fuse_onnx(tmp_path / "q.onnx", tmp_path / "f.onnx", cal)
+    assert frec.extra["nodes_after"] < frec.extra["nodes_before"]  # QDQ folded into integer kernels
+    assert frec.extra["agreement"] == 1.0 and frec.extra["checked"] == len(cal)
