@@ -51,7 +51,7 @@ class QuantizeConfig:
     intent_drop_pts: float = 0.5
     slot_f1_drop_pts: float = 1.0
     max_fallback: int = 8
-    method: str = "percentile"
+    method: str = "minmax"
     percentile: float = 99.9
 
     def __post_init__(self):

@@ -75,6 +75,20 @@ def quantize_onnx(src: str | Path, dst: str | Path, cfg: QuantizeConfig, calib: 
 
 
 def _run(quantize_static, src, dst, reader, method, nodes, extra, QuantFormat, QuantType):
-    quantize_static(str(src), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=method,
-                    nodes_to_quantize=nodes, extra_options={"ActivationSymmetric": False, **extra})
+    import contextlib
+    import io
+    import logging
+
+    # The quantizer prints progress and advice ("consider pre-processing") on stdout and the root logger; the
+    # build's terminal shows stage results only.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            quantize_static(str(src), str(dst), reader, quant_format=QuantFormat.QDQ, per_channel=True,
+                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=method,
+                            nodes_to_quantize=nodes, op_types_to_quantize=["MatMul", "Gemm"],
+                            extra_options={"ActivationSymmetric": False, **extra})
+    finally:
+        root.setLevel(level)
