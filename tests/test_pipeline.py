@@ -122,15 +122,19 @@ def test_allow_intents_restricts_every_answer(built, runtime):
         p.predict("hi", allow_intents=["dance"])
 
 
+def stopped_after(out, n: int) -> None:
+    """Make the build in `out` look as if it had stopped after its first n stages."""
+    state = json.loads((out / "checkpoints" / "state.json").read_text())
+    state["done"], state["rows"], state["records"] = state["done"][:n], state["rows"][:n], state["records"][:n]
+    (out / "checkpoints" / "state.json").write_text(json.dumps(state))
+
+
 def test_resume_skips_completed_stages(built, tiny_bert, tmp_path):
     import shutil
 
     out = tmp_path / "resumed"
     shutil.copytree(built[0], out)
-    state = json.loads((out / "checkpoints" / "state.json").read_text())
-    # pretend the build stopped after the teacher: resume must not retrain it
-    state["done"], state["rows"], state["records"] = state["done"][:1], state["rows"][:1], state["records"][:1]
-    (out / "checkpoints" / "state.json").write_text(json.dumps(state))
+    stopped_after(out, 1)  # pretend the build stopped after the teacher: resume must not retrain it
     cfg = BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), resume=True, stages=BASIC,
                       train=TrainConfig(epochs=1, lr=0.5, head_lr=0.5))  # would wreck the model if it ran
     rep = build(cfg)
@@ -160,9 +164,7 @@ def test_quantized_build_and_resume_after_quantize(built, tiny_bert, tmp_path):
 
     out = tmp_path / "int8"
     shutil.copytree(built[0], out)
-    state = json.loads((out / "checkpoints" / "state.json").read_text())
-    state["done"], state["rows"], state["records"] = state["done"][:1], state["rows"][:1], state["records"][:1]
-    (out / "checkpoints" / "state.json").write_text(json.dumps(state))
+    stopped_after(out, 1)
     stages = ["teacher", "quantize", "export", "package"]
     cfg = BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), resume=True, stages=stages,
                       quantize={"embedding_bits": 8, "calib_samples": 64, "method": "minmax"})
@@ -176,10 +178,7 @@ def test_quantized_build_and_resume_after_quantize(built, tiny_bert, tmp_path):
     pkg = Package.load(out)
     for rt in ("executorch", "onnx"):
         assert Predictor.open(pkg, rt).predict("play some jazz")["intent"] in pkg.labels["intents"] + ["oos"]
-    # resume after quantize: the INT8 model is rebuilt from the record (no checkpoint of its own)
-    state = json.loads((out / "checkpoints" / "state.json").read_text())
-    state["done"], state["rows"], state["records"] = state["done"][:2], state["rows"][:2], state["records"][:2]
-    (out / "checkpoints" / "state.json").write_text(json.dumps(state))
+    stopped_after(out, 2)  # resume after quantize: the INT8 model is rebuilt from the record (no checkpoint)
     again = build(BuildConfig(**{**cfg.__dict__, "train": TrainConfig(epochs=1, lr=0.5, head_lr=0.5)}))
     assert again["stages"][1] == rep["stages"][1]
     assert again["stages"][2]["intent_acc"] == pytest.approx(rep["stages"][2]["intent_acc"], abs=0.02)
