@@ -57,7 +57,7 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
           compare_teacher: bool = False, split: str = "test", fmt: str | None = None) -> dict:
     """p50/p99 of the package's model call on `n` utterances of `split`; with compare_teacher, the FP32 teacher
     exported the same way is timed in the same run and the speed-up (teacher p50 / package p50) reported."""
-    from edgekit.runtime.backends import BACKENDS, set_threads
+    from edgekit.runtime.backends import open_backend, set_threads
     from edgekit.runtime.tokenizer import SentencePieceTokenizer
 
     package = Path(package)
@@ -77,7 +77,7 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
         return out
     with tempfile.TemporaryDirectory() as tmp:
         path = export_teacher(package, runtime, Path(tmp))
-        backend = BACKENDS[runtime](path) if runtime == "executorch" else BACKENDS[runtime](path, threads)
+        backend = open_backend(runtime, path, threads)
         tok = SentencePieceTokenizer.from_file(package / "checkpoints" / "teacher.tokenizer.model")
         teacher = Predictor(backend, tok, pkg.labels, pkg.max_len, decoding=True)
         lat, lat_t = paired_latency(pred, teacher, texts, block=50)
@@ -89,12 +89,12 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
 def decoding_latency(package: str, runtime: str, raw_path: str, texts: list[str], threads: int = 1) -> list[dict]:
     """[with decoding, without] latency: the package's graph and the same model exported without the decoding
     graph (`raw_path`), timed utterance by utterance in alternation."""
-    from edgekit.runtime.backends import BACKENDS, set_threads
+    from edgekit.runtime.backends import open_backend, set_threads
 
     set_threads(threads)
     pkg = Package.load(package)
     p = Predictor.open(pkg, runtime, threads=threads)
-    backend = BACKENDS[runtime](raw_path) if runtime == "executorch" else BACKENDS[runtime](raw_path, threads)
+    backend = open_backend(runtime, raw_path, threads)
     raw = Predictor(backend, p.tokenizer, p.labels, p.max_len, decoding=False)
     return list(paired_latency(p, raw, texts))
 

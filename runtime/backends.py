@@ -100,3 +100,9 @@ class OnnxBackend:
 
 
 BACKENDS = {"executorch": ExecuTorchBackend, "onnx": OnnxBackend}
+
+
+def open_backend(runtime: str, path: str | Path, threads: int = 1):
+    """The runtime's backend for `path`. ExecuTorch's thread count is process-wide (set_threads); ONNX Runtime's
+    is per session."""
+    return BACKENDS[runtime](path) if runtime == "executorch" else BACKENDS[runtime](path, threads)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgekit.runtime.backends import BACKENDS
+from edgekit.runtime.backends import BACKENDS, open_backend
 from edgekit.runtime.decode import decode
 from edgekit.runtime.package import Package
 from edgekit.runtime.tokenizer import Encoding, SentencePieceTokenizer, WordPieceTokenizer
@@ -59,7 +59,7 @@ class Predictor:
         if runtime not in BACKENDS:
             raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(BACKENDS)}")
         path = pkg.model_path(runtime)
-        backend = BACKENDS[runtime](path) if runtime == "executorch" else BACKENDS[runtime](path, threads)
+        backend = open_backend(runtime, path, threads)
         return cls(backend, load_tokenizer(pkg), pkg.labels, pkg.max_len, bool(pkg.manifest.get("decoding")))
 
     def intent_mask(self, allow: list[str] | None) -> np.ndarray | None:
