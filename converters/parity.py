@@ -33,3 +33,18 @@ def compare(model: torch.nn.Module, run, inputs: list[list[np.ndarray]]) -> dict
     n = len(inputs)
     return {"n": n, "max_abs_diff": max_diff, "intent_argmax_agree": intent_same / n,
             "slot_argmax_agree": (tok_same / tok_total) if tok_total else None}
+
+
+def merge(per_length: dict[int, dict]) -> dict:
+    """One parity figure from `compare` results of several fixed lengths (buckets), kept under "buckets"."""
+    parts = list(per_length.values())
+    n = sum(p["n"] for p in parts)
+    slot = [p for p in parts if p["slot_argmax_agree"] is not None]
+    out = {"n": n, "max_abs_diff": max(p["max_abs_diff"] for p in parts),
+           "intent_argmax_agree": sum(p["intent_argmax_agree"] * p["n"] for p in parts) / n,
+           # weighted by utterances, a close enough stand-in for tokens across buckets
+           "slot_argmax_agree": (sum(p["slot_argmax_agree"] * p["n"] for p in slot) / sum(p["n"] for p in slot))
+           if slot else None}
+    if len(per_length) > 1:
+        out["buckets"] = {str(k): v for k, v in per_length.items()}
+    return out

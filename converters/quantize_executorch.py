@@ -39,15 +39,16 @@ METHODS = ("minmax", "percentile", "entropy")
 class QuantizeConfig:
     """calib_samples: task utterances the activation ranges are calibrated on. embedding_bits: 8, 4 (grouped by
     embedding_group values per scale) or 0 (FP32). keep_fp32: fnmatch patterns over Linear names
-    (e.g. "layers.0.*"). weight4: patterns of Linears whose weights are 4-bit per channel (XNNPACK qc4w, INT8
-    activations), where the size budget needs it; the fallback first moves such a layer to 8 bits. intent_drop_pts / slot_f1_drop_pts: what INT8 may lose against FP32 on dev before
-    layers fall back. method / percentile: ONNX Runtime's calibration (quantize_onnx)."""
+    (e.g. "layers.0.*"). weight4: patterns of Linears whose weights are 4-bit per channel, with INT8
+    activations quantized per call (XNNPACK qd8-f32-qc4w), where the size budget needs it; the fallback first
+    moves such a layer to static INT8. intent_drop_pts / slot_f1_drop_pts: what INT8 may lose against FP32 on
+    dev before layers fall back. method / percentile: ONNX Runtime's calibration (quantize_onnx)."""
 
     calib_samples: int = 512
     embedding_bits: int = 4
     embedding_group: int = 32
     keep_fp32: list[str] = field(default_factory=list)
-    weight4: list[str] = field(default_factory=list)  # Linears with 4-bit per-channel weights (INT8 activations)
+    weight4: list[str] = field(default_factory=list)  # Linears with 4-bit per-channel weights (dynamic INT8 input)
     intent_drop_pts: float = 0.5
     slot_f1_drop_pts: float = 1.0
     max_fallback: int = 8
@@ -71,7 +72,9 @@ class QuantizeConfig:
 
 class QuantizedEmbedding(nn.Module):
     """Weight-only quantized embedding table. 8 bits: one symmetric scale per row. 4 bits: one per `group`
-    values, two values per byte (the layout ExecuTorch's embedding_4bit kernel reads)."""
+    values, two values per byte (the layout ExecuTorch's embedding_4bit kernel reads). Scales are FP16 (the
+    kernels' `.dtype` variants read them and answer FP32): on an 8k x 384 table, FP32 group scales would be
+    a fifth of the 4-bit table's bytes."""
 
     def __init__(self, weight: torch.Tensor, bits: int, group: int):
         super().__init__()
@@ -81,21 +84,21 @@ class QuantizedEmbedding(nn.Module):
         self.bits, self.dim = bits, H
         w = weight.detach().float()
         if bits == 8:
-            scale = (w.abs().amax(1) / 127).clamp(min=1e-8)  # (V,)
-            self.register_buffer("q", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+            scale = (w.abs().amax(1) / 127).clamp(min=1e-4).half()  # (V,)
+            self.register_buffer("q", torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8))
         else:
             g = group if H % group == 0 else H
             wg = w.reshape(V, H // g, g)
-            scale = (wg.abs().amax(-1) / 7).clamp(min=1e-8)  # (V, H / g)
-            q = (torch.round(wg / scale[..., None]).clamp(-8, 7).to(torch.int16) + 8).reshape(V, H)
+            scale = (wg.abs().amax(-1) / 7).clamp(min=1e-4).half()  # (V, H / g); the values use the FP16 scale
+            q = (torch.round(wg / scale.float()[..., None]).clamp(-8, 7).to(torch.int16) + 8).reshape(V, H)
             self.register_buffer("q", (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8))  # (V, H / 2)
         self.register_buffer("scale", scale)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         ops = torch.ops.quantized_decomposed
         if self.bits == 8:
-            return ops.embedding_byte.default(self.q, self.scale, None, -127, 127, ids)
-        return ops.embedding_4bit.default(self.q, self.scale, None, -8, 7, ids)
+            return ops.embedding_byte.dtype(self.q, self.scale, None, -127, 127, ids, dtype=torch.float32)
+        return ops.embedding_4bit.dtype(self.q, self.scale, None, -8, 7, ids, dtype=torch.float32)
 
     def dequantized(self) -> torch.Tensor:
         return self.forward(torch.arange(self.q.shape[0])[None])[0]  # (V, H)
@@ -119,10 +122,10 @@ class XnnpackLayerNorm(nn.Module):
 class QuantizedJoint(nn.Module):
     """The converted PT2E graph behind a JointModel's interface (forward(input_ids, attention_mask), .cfg)."""
 
-    def __init__(self, graph: nn.Module, cfg, fp32_layers: list[str]):
+    def __init__(self, graph: nn.Module, cfg, fp32_layers: list[str], weight4_layers: list[str] = ()):
         super().__init__()
         # Not named "graph": re-exporting turns this module into a GraphModule, whose .graph is the fx graph.
-        self.net, self.cfg, self.fp32_layers = graph, cfg, list(fp32_layers)
+        self.net, self.cfg, self.fp32_layers, self.weight4_layers = graph, cfg, list(fp32_layers), list(weight4_layers)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         return self.net(input_ids, attention_mask)
@@ -155,8 +158,8 @@ def _prepare_float(model: nn.Module, cfg: QuantizeConfig, max_len: int) -> nn.Mo
 
 
 def _convert(m: nn.Module, fp32: set[str], w4: set[str], calib: list[tuple[torch.Tensor, torch.Tensor]]) -> nn.Module:
-    """PT2E: export (dynamic batch and length), annotate the Linears not in `fp32` (4-bit weights for `w4`),
-    calibrate, convert."""
+    """PT2E: export (dynamic batch and length), annotate the Linears not in `fp32` (4-bit weights and dynamic
+    INT8 input for `w4`), calibrate, convert."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,
         get_module_name_filter,
@@ -166,7 +169,9 @@ def _convert(m: nn.Module, fp32: set[str], w4: set[str], calib: list[tuple[torch
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     qcfg = get_symmetric_quantization_config(is_per_channel=True)
-    q4 = get_symmetric_quantization_config(is_per_channel=True, weight_qmin=-8, weight_qmax=7)
+    # 4-bit weights with input quantized per call: XNNPACK's qd8-f32-qc4w kernels. (Static INT8 input with
+    # 4-bit weights lowered too, but the .pte disagreed with eager on 18% of slot tags.)
+    q4 = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True, weight_qmin=-8, weight_qmax=7)
     # One module-type config (and one per 4-bit layer) rather than one per layer: the quantizer matches every
     # pattern once per config, by tracing it (about 7 torch.export calls each).
     quantizer = XNNPACKQuantizer().set_module_type(nn.Linear, qcfg)
@@ -186,8 +191,13 @@ def _convert(m: nn.Module, fp32: set[str], w4: set[str], calib: list[tuple[torch
 
 
 def _fake_quant(x: torch.Tensor, node_args) -> torch.Tensor:
-    """Apply a quantize_per_tensor/dequantize_per_tensor node's (scale, zero_point, qmin, qmax) to x."""
+    """Apply a quantize_per_tensor/dequantize_per_tensor node's (scale, zero_point, qmin, qmax) to x. A dynamic
+    node (its scale computed per call by choose_qparams) gets the asymmetric range of x itself."""
     scale, zp, qmin, qmax = node_args[1:5]
+    if not isinstance(scale, float):  # an fx Node: quantized per call
+        lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
+        scale = max((hi - lo) / (qmax - qmin), 1e-12)
+        zp = int(min(max(round(qmin - lo / scale), qmin), qmax))
     return (torch.clamp(torch.round(x / scale) + zp, qmin, qmax) - zp) * scale
 
 
@@ -219,17 +229,19 @@ def sensitivity(model: nn.Module, graph: nn.Module, calib: list[tuple[torch.Tens
         weight = (w_q.float() - w_zp[:, None].float()) * w_scale[:, None].float()  # (out, in)
         mod = model.get_submodule(name)
         out_q = next((u for u in node.users if "quantize_per_tensor" in str(u.target)), None)
+        static = "dequantize" in str(x_dq.target) and isinstance(x_dq.args[1], float)
         ref_list, test_list = [], []
         for x in inputs[name]:
             ref = F.linear(x, mod.weight, mod.bias)
             y = F.linear(_fake_quant(x, x_dq.args) if "dequantize" in str(x_dq.target) else x, weight, mod.bias)
             ref_list.append(ref)
             test_list.append(_fake_quant(y, out_q.args) if out_q is not None else y)
-        rows.append({"layer": name, "weight_bits": 4 if w_dq.args[5] == 7 else 8, "sqnr_db": round(sqnr_db(torch.cat([r.flatten() for r in ref_list]),
-                                                                torch.cat([t.flatten() for t in test_list])), 2),
-                     "act_scale": float(x_dq.args[1]) if "dequantize" in str(x_dq.target) else None,
-                     "act_zero_point": int(x_dq.args[2]) if "dequantize" in str(x_dq.target) else None,
-                     "out_scale": float(out_q.args[1]) if out_q is not None else None,
+        sqnr = sqnr_db(torch.cat([r.flatten() for r in ref_list]), torch.cat([t.flatten() for t in test_list]))
+        rows.append({"layer": name, "weight_bits": 4 if w_dq.args[5] == 7 else 8, "sqnr_db": round(sqnr, 2),
+                     "activations": "static" if static else "dynamic",
+                     "act_scale": float(x_dq.args[1]) if static else None,  # None: FP32 or per-call (dynamic)
+                     "act_zero_point": int(x_dq.args[2]) if static else None,
+                     "out_scale": float(out_q.args[1]) if out_q is not None and isinstance(out_q.args[1], float) else None,
                      "weight_scale_min": float(w_scale.min()), "weight_scale_max": float(w_scale.max()),
                      "weight_scale_mean": float(w_scale.float().mean())})
     return sorted(rows, key=lambda r: r["sqnr_db"])
@@ -252,7 +264,7 @@ def quantize_executorch(model: nn.Module, cfg: QuantizeConfig, calib: list[tuple
     tries, fallbacks = [], 0
     while True:
         graph = _convert(base, fp32, w4, calib)
-        q = QuantizedJoint(graph, model.cfg, sorted(fp32))
+        q = QuantizedJoint(graph, model.cfg, sorted(fp32), sorted(w4))
         got = evaluate(q) if evaluate else None
         drop = {k: round((ref[k] - got[k]) * 100, 2) for k in ("intent_acc", "slot_f1") if ref and got.get(k) is not None
                 and ref.get(k) is not None}
@@ -299,7 +311,7 @@ def _int8_bytes(m: nn.Module, fp32: set[str], w4: set[str]) -> int:
             w = int(mod.weight.numel() * per) + (mod.weight.shape[0] * 4 if n not in fp32 else 0)
             total += w + (mod.bias.numel() * 4 if mod.bias is not None else 0)
         elif isinstance(mod, QuantizedEmbedding):
-            total += mod.q.numel() * mod.q.element_size() + mod.scale.numel() * 4
+            total += mod.q.numel() * mod.q.element_size() + mod.scale.numel() * mod.scale.element_size()
         else:
             total += sum(p.numel() * 4 for p in mod.parameters(recurse=False))
     return total

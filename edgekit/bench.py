@@ -1,7 +1,7 @@
 """`edgekit bench`: single-utterance latency of a package, optionally against its FP32 teacher in the same run.
 
 The teacher comes from the build's checkpoints (OUT/checkpoints/teacher.safetensors), wrapped in the same
-decoding graph and exported the same way (ExecuTorch + XNNPACK, or ONNX, same fixed length), FP32. Both are
+decoding graph and exported the same way (ExecuTorch + XNNPACK, or ONNX, same fixed lengths), FP32. Both are
 timed in alternating blocks of 50 utterances on the same real test utterances (`paired_latency`): a shared CPU
 drifts by more than a run-to-run comparison could resolve, and alternating single calls would time the small
 package with its caches just flushed by the 89 MB teacher (measured: 1.10 ms instead of 0.73 ms p50).
@@ -46,7 +46,8 @@ def export_teacher(package: Path, runtime: str, dest: Path) -> Path:
     checks = [model_inputs(tok.encode(t, pkg.max_len), len(pkg.labels["intents"]), True) for t in texts]
     if runtime == "executorch":
         path = dest / "teacher.pte"
-        export_executorch(decoded, ExecuTorchExportConfig(pkg.max_len), path, checks)
+        buckets = [b["max_len"] for b in pkg.buckets(runtime) or []][:-1]  # the package's lengths, full one last
+        export_executorch(decoded, ExecuTorchExportConfig(pkg.max_len, buckets), path, checks)
     else:
         path = dest / "teacher.onnx"
         export_onnx(decoded, OnnxExportConfig(pkg.max_len), path, checks)
@@ -77,7 +78,7 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
         return out
     with tempfile.TemporaryDirectory() as tmp:
         path = export_teacher(package, runtime, Path(tmp))
-        backend = open_backend(runtime, path, threads)
+        backend = open_backend(runtime, path, threads, pkg.buckets(runtime))
         tok = SentencePieceTokenizer.from_file(package / "checkpoints" / "teacher.tokenizer.model")
         teacher = Predictor(backend, tok, pkg.labels, pkg.max_len, decoding=True)
         lat, lat_t = paired_latency(pred, teacher, texts, block=50)
@@ -86,17 +87,23 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
     return out
 
 
-def decoding_latency(package: str, runtime: str, raw_path: str, texts: list[str], threads: int = 1) -> list[dict]:
-    """[with decoding, without] latency: the package's graph and the same model exported without the decoding
-    graph (`raw_path`), timed utterance by utterance in alternation."""
+def decoding_latency(package: str, runtime: str, raw_path: str, texts: list[str], threads: int = 1,
+                     unfused_path: str | None = None) -> list[dict]:
+    """[with decoding, without(, unfused)] latency: the package's graph, the same model exported without the
+    decoding graph (`raw_path`) and, for ONNX, the package's graph before offline fusion (`unfused_path`),
+    timed utterance by utterance in alternation."""
     from edgekit.runtime.backends import open_backend, set_threads
+    from edgekit.runtime.predictor import alternating_latency
 
     set_threads(threads)
     pkg = Package.load(package)
     p = Predictor.open(pkg, runtime, threads=threads)
-    backend = open_backend(runtime, raw_path, threads)
-    raw = Predictor(backend, p.tokenizer, p.labels, p.max_len, decoding=False)
-    return list(paired_latency(p, raw, texts))
+    preds = [p, Predictor(open_backend(runtime, raw_path, threads, pkg.buckets(runtime)), p.tokenizer, p.labels,
+                          p.max_len, decoding=False)]  # exported with the same buckets
+    if unfused_path:
+        preds.append(Predictor(open_backend(runtime, unfused_path, threads, pkg.buckets(runtime)), p.tokenizer,
+                               p.labels, p.max_len, decoding=True))
+    return alternating_latency(preds, texts)
 
 
 def in_fresh_process(fn: str, **kwargs):

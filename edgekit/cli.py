@@ -47,6 +47,9 @@ def build(
     batch_size: int = typer.Option(32, help="Teacher batch size."),
     lr: float = typer.Option(1e-4, help="Encoder learning rate (heads use 10x)."),
     max_len: Optional[int] = typer.Option(None, help="Fixed sequence length (default: p99 of the data, /8)."),
+    buckets: Optional[str] = typer.Option(None, help="Shorter fixed lengths exported beside --max-len as "
+                                          "ExecuTorch methods, e.g. 16 or 16,24; 'none' for one length "
+                                          "(default: p50 and p90 of the data, /8)."),
     max_minutes: Optional[float] = typer.Option(None, help="Stop teacher training after this many minutes."),
     steps_limit: Optional[int] = typer.Option(None, help="Cap optimizer steps per epoch (quick runs)."),
     seed: int = typer.Option(0, help="Seed for splits, initialisation and shuffling."),
@@ -92,7 +95,7 @@ def build(
         raise EdgekitError(str(e)) from None
     cfg = BuildConfig(data=str(data), out=str(out), task=task, target=target, format=format,
                       base_model=str(base_model) if base_model else None, seed=seed, resume=resume,
-                      max_len=max_len, train=train, stages=stages.split(",") if stages else None,
+                      max_len=max_len, buckets=_lengths(buckets), train=train, stages=stages.split(",") if stages else None,
                       vocab_corpus=str(vocab_corpus) if vocab_corpus else None, intents=_names(intents),
                       oos_far=oos_far,
                       compress={"vocab_budget": vocab_budget, "param_share": param_share, "prune_layers": prune_layers,
@@ -117,6 +120,18 @@ def build(
 
 def _names(csv: str | None) -> list[str] | None:
     return [x.strip() for x in csv.split(",") if x.strip()] if csv is not None else None
+
+
+def _lengths(csv: str | None) -> list[int] | None:
+    """--buckets: 'none' -> [] (one length), '16,24' -> [16, 24], unset -> None (the profile's choice)."""
+    if csv is None:
+        return None
+    if csv.strip().lower() == "none":
+        return []
+    try:
+        return [int(x) for x in _names(csv)]
+    except ValueError:
+        raise EdgekitError(f"--buckets: expected lengths like 16,24 or 'none', got {csv!r}") from None
 
 
 @app.command()

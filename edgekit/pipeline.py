@@ -12,6 +12,7 @@ import math
 import random
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +54,7 @@ from edgekit.vocab import from_wordpiece
 
 log = logging.getLogger("edgekit")
 
-STAGES = ("teacher", "trim_vocab", "prune", "distill", "quantize", "export", "package")  # all known, in order
+STAGES = ("teacher", "trim_vocab", "prune", "distill", "quantize", "export", "fuse", "package")  # all known, in order
 COMPRESS_DEFAULTS = {"vocab_budget": None, "param_share": 0.25, "total_share": 1.0, "max_retries": 2, "backoff": 1.2,
                      "distill_epochs": 8, "distill_lr": 4e-4, "temperature": 4.0, "alpha": 0.7, "hidden_weight": 1.0,
                      "prune_samples": 512, "prune_layers": 0, "embedding_rank": None, "distill_augment": 0.0,
@@ -76,6 +77,7 @@ class BuildConfig:
     seed: int = 0
     resume: bool = False
     max_len: int | None = None  # default: p99 of piece lengths on train+dev, rounded up to a multiple of 8
+    buckets: list[int] | None = None  # shorter ExecuTorch lengths (default: the profile's bucket_percentiles)
     bench_utterances: int = 200
     train: TrainConfig = field(default_factory=TrainConfig)
     stages: list[str] | None = None  # default: the target profile's list
@@ -95,8 +97,10 @@ class BuildConfig:
             unknown = [s for s in self.stages if s not in STAGES]
             if unknown:
                 raise EdgekitError(f"unknown stage {unknown[0]!r}; stages: {', '.join(STAGES)}")
-            if self.stages[0] != "teacher" or self.stages[-2:] != ["export", "package"]:
-                raise EdgekitError("stages must start with teacher and end with export, package")
+            if self.stages[0] != "teacher" or self.stages[-1] != "package" or "export" not in self.stages[-3:]:
+                raise EdgekitError("stages must start with teacher and end with export, (fuse,) package")
+            if [STAGES.index(x) for x in self.stages] != sorted({STAGES.index(x) for x in self.stages}):
+                raise EdgekitError(f"stages run in this order, each once: {', '.join(STAGES)}")
         from edgekit.converters.quantize_executorch import QuantizeConfig
 
         try:
@@ -115,15 +119,21 @@ class BuildConfig:
             raise EdgekitError("--intents is empty")
         if self.max_len is not None and not 8 <= self.max_len <= 512:
             raise EdgekitError(f"--max-len must be in 8..512, got {self.max_len}")
+        if self.buckets and min(self.buckets) < 3:
+            raise EdgekitError(f"--buckets: lengths must be >= 3, got {min(self.buckets)}")
 
 
-def choose_max_len(tokenizer, texts: list[str], cap: int) -> tuple[int, dict]:
-    """p99 of piece counts ([CLS] and [SEP] included), rounded up to a multiple of 8, at most `cap`."""
+def choose_max_len(tokenizer, texts: list[str], cap: int, bucket_percentiles: list[int] = ()) -> tuple[int, dict]:
+    """p99 of piece counts ([CLS] and [SEP] included), rounded up to a multiple of 8, at most `cap`. Length
+    buckets: the `bucket_percentiles` of piece counts rounded up the same way, those below max_len (SNIPS: p50
+    12 -> 16, p90 19 -> 24 = max_len: buckets [16])."""
     lengths = np.array([tokenizer.length(t) for t in texts])
     p99 = float(np.percentile(lengths, 99))
     L = min(cap, max(8, int(math.ceil(p99 / 8)) * 8))
+    buckets = {max(8, int(math.ceil(np.percentile(lengths, q) / 8)) * 8) for q in bucket_percentiles}
     return L, {"p50": float(np.percentile(lengths, 50)), "p99": p99, "max": int(lengths.max()),
-               "truncated_share": float((lengths > L).mean()), "max_len": L}
+               "truncated_share": float((lengths > L).mean()), "max_len": L,
+               "buckets": sorted(b for b in buckets if b < L)}
 
 
 @dataclass
@@ -329,17 +339,45 @@ def _onnx_int8(ctx: Context, model, ecfg, path: Path, decoding: bool) -> PassRec
 
 
 def _fuse(ctx: Context, path: Path, decoding: bool) -> dict:
-    """ONNX Runtime's offline graph optimizations on `path` (in place), checked on the whole test split."""
+    """ONNX Runtime's offline graph optimizations: `unfused.<name>` (the export, kept for the latency columns)
+    -> `path`, checked on the whole test split. Rerunnable: a resumed build fuses from the kept export."""
     from edgekit.converters.fuse import fuse_onnx
     from edgekit.runtime.predictor import model_inputs
 
     n = len(ctx.data.intents)
     checks = [model_inputs(ctx.tokenizer.encode(ex.text, ctx.max_len), n, decoding, reject=False)
               for ex in ctx.data.splits["test"]]
-    fused = path.with_name(path.stem + ".fused.onnx")
-    rec = fuse_onnx(path, fused, checks)
-    fused.replace(path)
+    unfused = path.with_name("unfused." + path.name)
+    if not unfused.is_file():
+        path.replace(unfused)
+    rec = fuse_onnx(unfused, path, checks)
     return rec.extra | {"seconds": round(rec.seconds, 2)}
+
+
+def stage_fuse(ctx: Context) -> tuple[dict, PassRecord]:
+    """Fixed-shape fusion. ONNX: ONNX Runtime's offline optimizations on the exported graphs (with and without
+    decoding), saved, node counts before and after, fused against unfused answers on the whole test split; the
+    row scores the fused ONNX model. ExecuTorch fused inside XNNPACK when it was lowered (export stage): its
+    delegated share is carried into this record."""
+    t0 = time.perf_counter()
+    export = next(r for r in ctx.records if r["name"] == "export")["extra"]
+    rec = PassRecord("fuse", params_before=count_params(ctx.model), params_after=count_params(ctx.model))
+    if "executorch" in export:
+        et = export["executorch"]["extra"]
+        rec.extra["executorch"] = {k: et[k] for k in ("delegated_share", "delegated_compute_ops",
+                                                      "portable_compute_ops", "delegate_calls") if k in et}
+        rec.extra["executorch"]["raw_delegation"] = et.get("decoding", {}).get("raw_delegation")
+    runtime = "onnx" if "onnx" in ctx.target.runtimes else ctx.target.primary_runtime
+    path = ctx.ckpt_dir / MODEL_FILES[runtime]
+    if runtime == "onnx":
+        rec.extra["onnx"] = _fuse(ctx, path, True)
+        rec.extra["onnx_raw"] = _fuse(ctx, ctx.ckpt_dir / "raw.onnx", False)
+        rec.bytes_before = (ctx.ckpt_dir / ("unfused." + path.name)).stat().st_size
+    rec.metrics = score(ctx.data.splits["test"], _runtime_answers(ctx, runtime, path, True), ctx.labels)
+    rec.bytes_after, rec.seconds = path.stat().st_size, time.perf_counter() - t0
+    row = ctx.stage_row("fuse", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds)
+    row["runtime"] = runtime
+    return row, rec
 
 
 def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
@@ -353,7 +391,7 @@ def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
     from edgekit.metrics import invalid_bio
 
     t0 = time.perf_counter()
-    exporters = {"executorch": (export_executorch, ExecuTorchExportConfig(ctx.max_len)),
+    exporters = {"executorch": (export_executorch, ExecuTorchExportConfig(ctx.max_len, ctx.length_stats["buckets"])),
                  "onnx": (export_onnx, OnnxExportConfig(ctx.max_len))}
     decoded, drec = _decoding(ctx)
     test = ctx.data.splits["test"]
@@ -373,9 +411,6 @@ def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
         else:
             r = fn(decoded, ecfg, path, _check_inputs(ctx, True))
             raw = fn(ctx.model, ecfg, raw_path, _check_inputs(ctx, False))
-        if runtime == "onnx":
-            r.extra["fuse"] = _fuse(ctx, path, True)
-            raw.extra["fuse"] = _fuse(ctx, raw_path, False)
         answers = _runtime_answers(ctx, runtime, path, True)
         r.metrics = score(test, answers, ctx.labels)
         r.extra["agreement_with_eager"] = agreement(answers, eager)
@@ -392,8 +427,7 @@ def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
             "rejected_share": sum(a["intent"] == (ctx.data.oos_label or OOS) for a in shipped) / len(test),
             "raw_parity": raw.extra["parity"], "raw_bytes": raw.bytes_after,
             "raw_delegation": {k: raw.extra[k] for k in ("delegated_share", "delegated_compute_ops",
-                                                         "portable_compute_ops") if k in raw.extra},
-            "raw_fuse": raw.extra.get("fuse")}
+                                                         "portable_compute_ops") if k in raw.extra}}
         rec.extra[runtime] = r.to_dict()
         rec.warnings += r.warnings
         log.info("%s: %s bytes, agreement with eager %.4f, max abs diff %.2e", runtime, r.bytes_after,
@@ -413,7 +447,10 @@ def stage_package(ctx: Context) -> tuple[dict, PassRecord]:
     from edgekit.runtime.predictor import Predictor
 
     t0 = time.perf_counter()
-    dec = next(r for r in ctx.records if r["name"] == "export")["extra"]["decoding"]
+    export = next(r for r in ctx.records if r["name"] == "export")["extra"]
+    dec = export["decoding"]
+    buckets = {r: export[r]["extra"]["buckets"] for r in ctx.target.runtimes
+               if len(export[r]["extra"].get("buckets", [])) > 1}
     for runtime in ctx.target.runtimes:
         write_bytes(ctx.out / MODEL_FILES[runtime], (ctx.ckpt_dir / MODEL_FILES[runtime]).read_bytes())
     ctx.tokenizer.save(ctx.out / "tokenizer.model")
@@ -441,6 +478,9 @@ def stage_package(ctx: Context) -> tuple[dict, PassRecord]:
         "decoding": {k: dec[k] for k in ("policy", "threshold", "oos_id", "allowed_intents")}
         | {"oos_answer": ctx.data.oos_label or OOS},
         "models": {r: MODEL_FILES[r] for r in ctx.target.runtimes},
+        # Length buckets: one method per fixed length (shortest first); an app runs the shortest that holds the
+        # utterance's pieces, with its inputs cut to that length. "forward" is the full length.
+        **({"buckets": buckets} if buckets else {}),
         "primary_runtime": ctx.target.primary_runtime,
         "files": {f: {"sha256": sha256(ctx.out / f), "bytes": (ctx.out / f).stat().st_size} for f in files},
     }
@@ -457,13 +497,18 @@ def stage_package(ctx: Context) -> tuple[dict, PassRecord]:
     for runtime in ctx.target.runtimes:
         # The same model without the decoding graph, measured in the same run: what decoding costs.
         raw_path = ctx.ckpt_dir / ("raw." + MODEL_FILES[runtime].split(".")[-1])
-        lat, lat_raw = in_fresh_process("decoding_latency", package=str(ctx.out), runtime=runtime,
-                                        raw_path=str(raw_path), texts=texts, threads=ctx.target.bench_threads)
+        unfused = ctx.ckpt_dir / ("unfused." + MODEL_FILES[runtime])
+        lat, lat_raw, *lat_unfused = in_fresh_process(
+            "decoding_latency", package=str(ctx.out), runtime=runtime, raw_path=str(raw_path), texts=texts,
+            threads=ctx.target.bench_threads, unfused_path=str(unfused) if unfused.is_file() else None)
         ctx.latency[runtime] = {"p50_ms": round(lat["p50_ms"], 3), "p99_ms": round(lat["p99_ms"], 3),
                                 "threads": ctx.target.bench_threads, "n": lat["n"], "max_len": ctx.max_len,
+                                "buckets": _bucket_use(ctx, texts, buckets.get(runtime)),
                                 "without_decoding": {"p50_ms": round(lat_raw["p50_ms"], 3),
                                                      "p99_ms": round(lat_raw["p99_ms"], 3)},
                                 "decoding_overhead": lat["p50_ms"] / lat_raw["p50_ms"] - 1}
+        if lat_unfused:
+            ctx.latency[runtime]["unfused"] = {k: round(lat_unfused[0][k], 3) for k in ("p50_ms", "p99_ms")}
         if runtime == ctx.target.primary_runtime:  # the package as shipped, opened as an app opens it
             p, test = Predictor.open(pkg, runtime, threads=ctx.target.bench_threads), ctx.data.splits["test"]
             rec.metrics = score(test, [p.predict(ex.text, warn=False) for ex in test], ctx.labels)
@@ -471,7 +516,25 @@ def stage_package(ctx: Context) -> tuple[dict, PassRecord]:
     rec.seconds = time.perf_counter() - t0
     row = ctx.stage_row("package", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds)
     row["runtime"] = ctx.target.primary_runtime
+    # The stage table's latency columns, from the one measurement above: the exported graphs as they were after
+    # export (ONNX before fusion) and after fuse; ExecuTorch's program does not change after export.
+    shipped = {rt: {k: lat[k] for k in ("p50_ms", "p99_ms")} for rt, lat in ctx.latency.items()}
+    row["latency"] = shipped
+    for r in ctx.rows:
+        if r["name"] == "fuse":
+            r["latency"] = shipped
+        elif r["name"] == "export":
+            r["latency"] = {rt: ctx.latency[rt].get("unfused", v) for rt, v in shipped.items()}
     return row, rec
+
+
+def _bucket_use(ctx: Context, texts: list[str], buckets: list[dict] | None) -> dict | None:
+    """How many of the measured utterances each length bucket runs ({length: count})."""
+    if not buckets:
+        return None
+    lengths = [b["max_len"] for b in buckets]
+    used = Counter(next((L for L in lengths if L >= ctx.tokenizer.length(t)), lengths[-1]) for t in texts)
+    return {str(L): used.get(L, 0) for L in lengths}
 
 
 def gate(ctx: Context, dev: dict) -> tuple[bool, dict]:
@@ -672,7 +735,7 @@ def stage_quantize(ctx: Context) -> tuple[dict, PassRecord]:
 
 
 STAGE_FUNCS = {"teacher": stage_teacher, "trim_vocab": stage_trim_vocab, "prune": stage_prune,
-               "distill": stage_distill, "quantize": stage_quantize, "export": stage_export,
+               "distill": stage_distill, "quantize": stage_quantize, "export": stage_export, "fuse": stage_fuse,
                "package": stage_package}
 
 
@@ -717,7 +780,8 @@ def _restore(ctx: Context, state: dict) -> None:
             qrec = next(r for r in ctx.records if r["name"] == "quantize")["extra"]
             keep = [f["layer"] for f in qrec["fp32_layers"]]
             ctx.cache["fp32_model"] = ctx.model
-            ctx.model, _ = _quantize(ctx, quantize_config(ctx, keep_fp32=keep, max_fallback=0))
+            ctx.model, _ = _quantize(ctx, quantize_config(ctx, keep_fp32=keep, weight4=qrec.get("weight4_layers", []),
+                                                          max_fallback=0))
 
 
 def compress_settings(cfg: BuildConfig, target: Target) -> dict:
@@ -740,9 +804,11 @@ def prepare(cfg: BuildConfig) -> Context:
     tokenizer, rows = from_wordpiece(WordPieceTokenizer.from_file(base / "vocab.txt").vocab)
     texts = [ex.text for s in ("train", "dev") for ex in data.splits[s]]
     hf = json.loads((base / "config.json").read_text()) if (base / "config.json").is_file() else {}
-    max_len, stats = choose_max_len(tokenizer, texts, hf.get("max_position_embeddings", 512))
+    max_len, stats = choose_max_len(tokenizer, texts, hf.get("max_position_embeddings", 512), target.bucket_percentiles)
     if cfg.max_len:
         max_len = stats["max_len"] = cfg.max_len
+    # shorter fixed lengths for ExecuTorch; --buckets overrides the profile's percentiles
+    stats["buckets"] = sorted({b for b in (stats["buckets"] if cfg.buckets is None else cfg.buckets) if b < max_len})
     unknown = [i for i in cfg.intents or [] if i not in data.intents]
     if unknown:
         raise EdgekitError(f"--intents: unknown intent {unknown[0]!r}; {cfg.data} has: {', '.join(data.intents)}")

@@ -13,6 +13,9 @@ def _size(n) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
+RUNTIME_NAMES = {"executorch": "ExecuTorch", "onnx": "ONNX Runtime"}
+
+
 def render_markdown(rep: dict) -> str:
     """One comparison table (a row per stage), then package files and latency."""
     ds = rep["dataset"]
@@ -25,18 +28,26 @@ def render_markdown(rep: dict) -> str:
              + f"{100 * ds['lengths']['truncated_share']:.2f}% of train+dev utterances truncated).", ""]
     for note in ds.get("notes", []):
         lines.append(f"- {note}")
+    rts = [rt for rt in ("executorch", "onnx") if any(rt in r.get("latency", {}) for r in rep["stages"])]
     lines += ["", "## Stages (test split)", "",
               "Decoded as the package answers (intent whitelist, constrained BIO decoding; out-of-scope rejection "
-              "only in the package row); slot F1 argmax: the same model with plain per-word argmax.", "",
+              "only in the package row); slot F1 argmax: the same model with plain per-word argmax."
+              + (" Latency: model call, single utterance, 1 thread, after warm-up, real test utterances, all "
+                 "measured in one run by the package stage; only exported graphs have one (`edgekit bench "
+                 "--compare-teacher` times the FP32 teacher)." if rts else ""), "",
               "| stage | intent acc | slot F1 | slot F1 argmax | exact match |"
-              + (" in-scope acc | OOS recall |" if oos else "") + " params | size | seconds |",
-              "|---|---:|---:|---:|---:|" + ("---:|---:|" if oos else "") + "---:|---:|---:|"]
+              + (" in-scope acc | OOS recall |" if oos else "") + " params | size | seconds |"
+              + "".join(f" {RUNTIME_NAMES[rt]} p50 / p99 ms |" for rt in rts),
+              "|---|---:|---:|---:|---:|" + ("---:|---:|" if oos else "") + "---:|---:|---:|" + "---:|" * len(rts)]
     for r in rep["stages"]:
         name = r["name"] + (f" ({r['runtime']})" if r.get("runtime") else "")
+        lat = r.get("latency", {})
         lines.append(f"| {name} | {_pct(r.get('intent_acc'))} | {_pct(r.get('slot_f1'))} | "
                      f"{_pct(r.get('slot_f1_argmax'))} | {_pct(r.get('exact_match'))} |"
                      + (f" {_pct(r.get('in_scope_acc'))} | {_pct(r.get('oos_recall'))} |" if oos else "")
-                     + f" {r['params']:,} | {_size(r['size_bytes'])} | {r['seconds']:.1f} |")
+                     + f" {r['params']:,} | {_size(r['size_bytes'])} | {r['seconds']:.1f} |"
+                     + "".join(f" {lat[rt]['p50_ms']:.2f} / {lat[rt]['p99_ms']:.2f} |" if rt in lat else " — |"
+                               for rt in rts))
     lines += _compression(rep)
     lines += _quantization(rep)
     export = next((p for p in rep.get("passes", []) if p["name"] == "export"), None)
@@ -50,7 +61,7 @@ def render_markdown(rep: dict) -> str:
                 lines.append(f"| {rt} | {_pct(e['extra']['agreement_with_eager'])} | "
                              f"{e['extra']['parity']['max_abs_diff']:.2e} | {_pct(e['metrics']['intent_acc'])} | "
                              f"{_pct(e['metrics'].get('slot_f1'))} |")
-    lines += _fusion(export)
+    lines += _fusion(next((p for p in rep.get("passes", []) if p["name"] == "fuse"), None))
     lines += _decoding(export)
     if rep.get("package"):
         pk = rep["package"]
@@ -62,12 +73,14 @@ def render_markdown(rep: dict) -> str:
     if rep.get("latency"):
         lines += ["", "## Latency (model call, single utterance, after warm-up, real test utterances)", "",
                   "| runtime | p50 ms | p99 ms | p50 ms without decoding | decoding overhead (p50) | threads | "
-                  "sequence length |", "|---|---:|---:|---:|---:|---:|---:|"]
+                  "sequence length (utterances run at it) |", "|---|---:|---:|---:|---:|---:|---:|"]
         for rt, lat in rep["latency"].items():
             raw = lat.get("without_decoding")
+            lengths = (", ".join(f"{L} ({n})" for L, n in lat["buckets"].items()) if lat.get("buckets")
+                       else str(lat["max_len"]))
             lines.append(f"| {rt} | {lat['p50_ms']:.2f} | {lat['p99_ms']:.2f} | "
                          + (f"{raw['p50_ms']:.2f} | {100 * lat['decoding_overhead']:+.1f}% |" if raw else "— | — |")
-                         + f" {lat['threads']} | {lat['max_len']} |")
+                         + f" {lat['threads']} | {lengths} |")
         lines += ["", "Measured on the build machine's CPU through the ExecuTorch and ONNX Runtime Python bindings "
                   "(the same C++ runtimes an app links); no phone was measured."]
     warns = [w for p in rep.get("passes", []) for w in p.get("warnings", [])]
@@ -140,7 +153,9 @@ def _quantization(rep: dict) -> list[str]:
     emb = e.get("embedding") or {}
     lines = ["", "## Quantization (INT8)", "",
              f"ExecuTorch/XNNPACK (PT2E, XNNPACKQuantizer): {e['quantized_linears']} of {e['linears']} Linear layers "
-             f"static INT8 (per-channel weights, activations calibrated on {e['calib_samples']} train utterances); "
+             f"INT8 (per-channel weights, activations calibrated on {e['calib_samples']} train utterances"
+             + (f"; {len(e['weight4_layers'])} of them with 4-bit weights and INT8 input quantized per call, "
+                "XNNPACK qd8-f32-qc4w" if e.get("weight4_layers") else "") + "); "
              + (f"word embeddings {emb['bits']}-bit" + (f" in groups of {emb['group']}" if emb.get("group") else "")
                 + f" (SQNR {emb['sqnr_db']} dB)" if emb else "word embeddings FP32")
              + f"; weights {_size(q['bytes_before'])} → {_size(q['bytes_after'])}. Attention products, softmax and "
@@ -160,23 +175,25 @@ def _quantization(rep: dict) -> list[str]:
     rows = e.get("quant_layers", [])[:10]
     if rows:
         lines += ["", "Least accurate layers (isolated: each fed the FP32 model's input; all layers in report.json "
-                  "`quant_layers`):", "", "| layer | SQNR dB | activation scale | zero point | output scale | "
-                  "weight scale min / mean / max |", "|---|---:|---:|---:|---:|---|"]
+                  "`quant_layers`):", "", "| layer | weight bits | SQNR dB | activation scale | zero point | "
+                  "output scale | weight scale min / mean / max |", "|---|---:|---:|---:|---:|---:|---|"]
         for r in rows:
-            lines.append(f"| {r['layer']} | {r['sqnr_db']:.1f} | {r['act_scale']:.4g} | {r['act_zero_point']} | "
+            act = (f"{r['act_scale']:.4g} | {r['act_zero_point']}" if r.get("act_scale") is not None
+                   else "per call | per call")
+            lines.append(f"| {r['layer']} | {r.get('weight_bits', 8)} | {r['sqnr_db']:.1f} | {act} | "
                          + (f"{r['out_scale']:.4g}" if r["out_scale"] is not None else "—")
                          + f" | {r['weight_scale_min']:.3g} / {r['weight_scale_mean']:.3g} / "
                          f"{r['weight_scale_max']:.3g} |")
     return lines
 
 
-def _fusion(export: dict | None) -> list[str]:
+def _fusion(fuse: dict | None) -> list[str]:
     """Fixed-shape fusion: ONNX Runtime's offline optimizations, and XNNPACK's share of ExecuTorch compute ops."""
-    if not export:
+    if not fuse:
         return []
     lines = []
-    et = export["extra"].get("executorch", {}).get("extra", {})
-    raw = et.get("decoding", {}).get("raw_delegation")
+    et = fuse["extra"].get("executorch", {})
+    raw = et.get("raw_delegation")
     if "delegated_share" in et:
         lines.append(f"- ExecuTorch: {_pct(et['delegated_share'])}% of compute ops in XNNPACK "
                      f"({et['delegated_compute_ops']} delegated, {et['portable_compute_ops']} portable; data "
@@ -184,7 +201,7 @@ def _fusion(export: dict | None) -> list[str]:
                      + (f"; the model without the decoding graph: {_pct(raw['delegated_share'])}% "
                         f"({raw['delegated_compute_ops']} / {raw['portable_compute_ops']})" if raw else "")
                      + f"; {et.get('delegate_calls')} delegate calls.")
-    on = export["extra"].get("onnx", {}).get("extra", {}).get("fuse")
+    on = fuse["extra"].get("onnx")
     if on:
         lines.append(f"- ONNX Runtime, offline graph optimization (extended): nodes {on['nodes_before']} → "
                      f"{on['nodes_after']}; fused against unfused on {on['checked']} test utterances: "

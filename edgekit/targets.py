@@ -21,6 +21,9 @@ class Target:
     budget: dict = field(default_factory=dict)  # accuracy drop allowed against the teacher on dev, in points
     compress: dict = field(default_factory=dict)  # vocabulary and parameter budgets, distillation settings
     quantize: dict = field(default_factory=dict)  # QuantizeConfig fields (INT8 calibration, embeddings, budget)
+    # ExecuTorch length buckets: these percentiles of the data's piece counts, rounded up to a multiple of 8,
+    # become extra fixed lengths below max_len ([] : one length)
+    bucket_percentiles: list[int] = field(default_factory=lambda: [50, 90])
 
 
 def available() -> list[str]:

@@ -56,7 +56,7 @@ class ExecuTorchBackend:
 
     name = "executorch"
 
-    def __init__(self, path: str | Path, method: str = "forward"):
+    def __init__(self, path: str | Path, method: str = "forward", program=None):
         global _ET_LOADED
         # The quantized kernels (INT8/4-bit embedding lookups of INT8 packages) live in their own library, as
         # in an app, which links `quantized_ops_lib` beside the portable and XNNPACK ones.
@@ -66,8 +66,8 @@ class ExecuTorchBackend:
         if _ET_THREADS is None:
             set_threads(1)  # single-utterance inference: one thread is the phone-like default
         _ET_LOADED = True
-        with _quiet_native_stderr():
-            self.program = Runtime.get().load_program(Path(path))
+        with _quiet_native_stderr():  # `program`: another method of an already loaded .pte (length buckets)
+            self.program = program or Runtime.get().load_program(Path(path))
             self.method = self.program.load_method(method)
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
@@ -99,10 +99,41 @@ class OnnxBackend:
         return self.session.run(None, dict(zip(self.input_names, inputs)))
 
 
+def fit(inputs, length: int) -> list[np.ndarray]:
+    """Cut a graph's inputs, made at the package's full length T, to a bucket of `length`: the (1, T) sequences
+    to (1, length) and the (1, T - 2) word positions to (1, length - 2). What is cut is padding when the
+    utterance has at most `length` pieces."""
+    T = inputs[0].shape[1]
+    return [a[:, : a.shape[1] - (T - length)] if a.ndim == 2 and a.shape[1] in (T, T - 2) else a for a in inputs]
+
+
+class Bucketed:
+    """One model exported at several fixed lengths (length buckets): each call runs the shortest graph that
+    holds the utterance, so that short utterances do not pay for the longest one's padding."""
+
+    def __init__(self, runners: dict[int, object]):
+        self.runners, self.lengths = runners, sorted(runners)
+        self.name = runners[self.lengths[-1]].name
+
+    def pick(self, n_pieces: int) -> int:
+        return next((L for L in self.lengths if L >= n_pieces), self.lengths[-1])
+
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """Inputs at the package's full length (attention_mask second, as in the manifest)."""
+        L = self.pick(int(inputs[1].sum()))
+        return self.runners[L].run(*(inputs if L == inputs[0].shape[1] else fit(inputs, L)))
+
+
 BACKENDS = {"executorch": ExecuTorchBackend, "onnx": OnnxBackend}
 
 
-def open_backend(runtime: str, path: str | Path, threads: int = 1):
+def open_backend(runtime: str, path: str | Path, threads: int = 1, buckets: list[dict] | None = None):
     """The runtime's backend for `path`. ExecuTorch's thread count is process-wide (set_threads); ONNX Runtime's
-    is per session."""
-    return BACKENDS[runtime](path) if runtime == "executorch" else BACKENDS[runtime](path, threads)
+    is per session. buckets: the manifest's [{"max_len", "method"}] for a .pte with one method per length."""
+    if runtime != "executorch":
+        return BACKENDS[runtime](path, threads)
+    if not buckets or len(buckets) < 2:
+        return ExecuTorchBackend(path)
+    first = ExecuTorchBackend(path, buckets[0]["method"])
+    return Bucketed({b["max_len"]: ExecuTorchBackend(path, b["method"], first.program) if k else first
+                     for k, b in enumerate(buckets)})

@@ -61,6 +61,10 @@ class Package:
     def max_len(self) -> int:
         return int(self.manifest["max_len"])
 
+    def buckets(self, runtime: str) -> list[dict] | None:
+        """Length buckets of `runtime`'s model, shortest first: [{"max_len", "method"}] (None: one length)."""
+        return self.manifest.get("buckets", {}).get(runtime)
+
     def model_path(self, runtime: str) -> Path:
         models = self.manifest["models"]
         if runtime not in models:

@@ -59,7 +59,7 @@ class Predictor:
         if runtime not in BACKENDS:
             raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(BACKENDS)}")
         path = pkg.model_path(runtime)
-        backend = open_backend(runtime, path, threads)
+        backend = open_backend(runtime, path, threads, pkg.buckets(runtime))
         return cls(backend, load_tokenizer(pkg), pkg.labels, pkg.max_len, bool(pkg.manifest.get("decoding")))
 
     def intent_mask(self, allow: list[str] | None) -> np.ndarray | None:
@@ -108,24 +108,30 @@ class Predictor:
 
 def paired_latency(a: Predictor, b: Predictor, texts: list[str], rounds: int = 3, warmup: int = 20,
                    block: int = 1) -> tuple[dict, dict]:
-    """Latency of two predictors measured in alternation (order flipped each time), so that both see the same
-    machine state; a shared CPU drifts by more than the difference being measured. block=1 alternates utterance
-    by utterance (two graphs of one model); a larger block runs that many utterances of one before the other,
-    so that a small model is not timed with its caches just flushed by a big one (package against teacher)."""
-    def inputs(p):
-        return [model_inputs(p.tokenizer.encode(t, p.max_len), len(p.labels["intents"]), p.decoding) for t in texts]
+    """Latency of two predictors measured in alternation (see alternating_latency)."""
+    return tuple(alternating_latency([a, b], texts, rounds, warmup, block))
 
-    xa, xb = inputs(a), inputs(b)
+
+def alternating_latency(preds: list[Predictor], texts: list[str], rounds: int = 3, warmup: int = 20,
+                        block: int = 1) -> list[dict]:
+    """Latency of several predictors measured in alternation (order reversed every other block), so that all
+    see the same machine state; a shared CPU drifts by more than the differences being measured. block=1
+    alternates utterance by utterance (graphs of one model); a larger block runs that many utterances of one
+    before the next, so that a small model is not timed with its caches just flushed by a big one (package
+    against teacher)."""
+    xs = [[model_inputs(p.tokenizer.encode(t, p.max_len), len(p.labels["intents"]), p.decoding) for t in texts]
+          for p in preds]
     for k in range(min(warmup, len(texts))):
-        a.backend.run(*xa[k])
-        b.backend.run(*xb[k])
-    ta, tb = [], []
+        for p, x in zip(preds, xs):
+            p.backend.run(*x[k])
+    times: list[list[float]] = [[] for _ in preds]
+    order = list(range(len(preds)))
     for r in range(rounds):
         for s in range(0, len(texts), block):
-            for p, x, out in ((a, xa, ta), (b, xb, tb))[:: 1 if (s // block + r) % 2 == 0 else -1]:
+            for j in (order if (s // block + r) % 2 == 0 else order[::-1]):
                 for k in range(s, min(s + block, len(texts))):
                     t0 = time.perf_counter()
-                    p.backend.run(*x[k])
-                    out.append((time.perf_counter() - t0) * 1000)
-    return tuple({"p50_ms": float(np.percentile(t, 50)), "p99_ms": float(np.percentile(t, 99)), "n": len(t)}
-                 for t in (ta, tb))
+                    preds[j].backend.run(*xs[j][k])
+                    times[j].append((time.perf_counter() - t0) * 1000)
+    return [{"p50_ms": float(np.percentile(t, 50)), "p99_ms": float(np.percentile(t, 99)), "n": len(t)}
+            for t in times]

@@ -41,10 +41,16 @@ def test_report_contract(built):
     assert "| teacher |" in (out / "report.md").read_text()
 
 
-def test_max_len_is_p99_rounded_to_8(built):
-    _, rep = built
+def test_max_len_is_p99_rounded_to_8_and_buckets_below_it_reach_the_manifest(built):
+    out, rep = built
     lengths = rep["dataset"]["lengths"]
     assert lengths["max_len"] % 8 == 0 and lengths["max_len"] >= lengths["p99"]
+    assert lengths["buckets"] and all(b % 8 == 0 and b < lengths["max_len"] for b in lengths["buckets"])
+    methods = Package.load(out).buckets("executorch")
+    assert [m["max_len"] for m in methods] == lengths["buckets"] + [lengths["max_len"]]
+    assert methods[-1]["method"] == "forward"  # the full length keeps the default method name
+    used = rep["latency"]["executorch"]["buckets"]
+    assert sum(used.values()) == min(200, rep["dataset"]["sizes"]["test"])  # every measured utterance ran one
 
 
 def test_exported_artifacts_agree_with_eager(built):
@@ -165,7 +171,7 @@ def test_quantized_build_and_resume_after_quantize(built, tiny_bert, tmp_path):
     out = tmp_path / "int8"
     shutil.copytree(built[0], out)
     stopped_after(out, 1)
-    stages = ["teacher", "quantize", "export", "package"]
+    stages = ["teacher", "quantize", "export", "fuse", "package"]
     cfg = BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), resume=True, stages=stages,
                       quantize={"embedding_bits": 8, "calib_samples": 64, "method": "minmax"})
     rep = build(cfg)
@@ -174,7 +180,16 @@ def test_quantized_build_and_resume_after_quantize(built, tiny_bert, tmp_path):
     assert rep["quant_layers"] and q["extra"]["quantized_linears"] > 0 and q["bytes_after"] < q["bytes_before"]
     onnx_q = next(p for p in rep["passes"] if p["name"] == "export")["extra"]["onnx"]["extra"]["quantize"]
     assert onnx_q["quantized_matmuls"] > 0 and onnx_q["nodes_after"] > onnx_q["nodes_before"]
-    assert "## Quantization (INT8)" in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert "## Quantization (INT8)" in md and "| fuse (onnx) |" in md and "ExecuTorch p50 / p99 ms" in md
+    fuse = next(p for p in rep["passes"] if p["name"] == "fuse")["extra"]
+    assert fuse["onnx"]["nodes_after"] < fuse["onnx"]["nodes_before"] and fuse["onnx"]["agreement"] >= 0.995
+    rows = {r["name"]: r for r in rep["stages"]}
+    for name in ("export", "fuse", "package"):  # latency columns: ExecuTorch and ONNX Runtime p50/p99
+        assert all(rows[name]["latency"][rt]["p99_ms"] >= rows[name]["latency"][rt]["p50_ms"] > 0
+                   for rt in ("executorch", "onnx"))
+    assert rows["export"]["latency"]["onnx"] == rep["latency"]["onnx"]["unfused"]  # before fusion
+    assert "latency" not in rows["quantize"]  # not an exported graph
     pkg = Package.load(out)
     for rt in ("executorch", "onnx"):
         assert Predictor.open(pkg, rt).predict("play some jazz")["intent"] in pkg.labels["intents"] + ["oos"]

@@ -123,3 +123,36 @@ def test_int8_exports_to_executorch_in_xnnpack_and_to_onnx_runtime(tmp_path):
     frec = fuse_onnx(tmp_path / "q.onnx", tmp_path / "f.onnx", cal)
     assert frec.extra["nodes_after"] < frec.extra["nodes_before"]  # QDQ folded into integer kernels
     assert frec.extra["agreement"] == 1.0 and frec.extra["checked"] == len(cal)
+
+
+def test_weight4_layers_are_4bit_dynamic_lower_to_xnnpack_and_fall_back_to_int8_first(tmp_path):
+    from edgekit.converters.export_executorch import ExecuTorchExportConfig, export_executorch
+
+    m = tiny()
+    cfg = QuantizeConfig(embedding_bits=0, weight4=["*.fc1", "*.fc2"])
+    q, rec = quantize_executorch(m, cfg, calib())
+    ffn = {n for n in linear_names(m) if n.endswith(("fc1", "fc2"))}
+    rows = {r["layer"]: r for r in rec.extra["quant_layers"]}
+    assert set(rec.extra["weight4_layers"]) == ffn
+    assert all(rows[n]["weight_bits"] == 4 and rows[n]["activations"] == "dynamic" for n in ffn)
+    assert all(r["weight_bits"] == 8 and r["activations"] == "static" for n, r in rows.items() if n not in ffn)
+    assert all(rows[n]["sqnr_db"] > 5 for n in ffn)  # 4-bit weights: coarser than INT8, still a signal
+    checks = [[ids[:1].numpy(), mask[:1].numpy()] for ids, mask in calib(3, 1, seed=2)]
+    got = export_executorch(q, ExecuTorchExportConfig(T), tmp_path / "w4.pte", checks)
+    assert "aten.linear.default" not in got.extra["undelegated_ops"]  # qd8-f32-qc4w runs in XNNPACK
+    assert got.extra["parity"]["intent_argmax_agree"] == 1.0, got.extra["parity"]  # the .pte computes what eager does
+    int8, _ = quantize_executorch(m, QuantizeConfig(embedding_bits=0), calib())
+    full = export_executorch(int8, ExecuTorchExportConfig(T), tmp_path / "int8.pte", checks)
+    assert got.bytes_after < full.bytes_after
+
+    def evaluate(model):  # each 4-bit layer costs 0.3 pt
+        if isinstance(model, QuantizedJoint):
+            return {"intent_acc": 1.0 - 0.003 * len(model.weight4_layers), "slot_f1": 0.9}
+        return {"intent_acc": 1.0, "slot_f1": 0.9}
+
+    q, rec = quantize_executorch(m, QuantizeConfig(embedding_bits=0, weight4=["*.fc1", "*.fc2"],
+                                                   intent_drop_pts=0.5), calib(), evaluate)
+    promoted = [f["layer"] for f in rec.extra["promoted_to_8bit"]]
+    # 1.2 -> 0.9 -> 0.6 -> 0.3 pt: three layers up to INT8, none to FP32
+    assert len(promoted) == 3 and set(promoted) <= ffn and not rec.extra["fp32_layers"]
+    assert set(q.weight4_layers) == ffn - set(promoted)
