@@ -171,7 +171,9 @@ def _quantization(rep: dict) -> list[str]:
         lines.append(f"- ONNX Runtime (quantize_static, QDQ, per-channel): {oq['quantized_matmuls']} MatMul/Gemm "
                      f"layers, calibration {oq['method']}"
                      + (f" {oq['percentile']}" if oq.get("percentile") else "") + f" on {oq['calib_samples']} "
-                     f"utterances; nodes {oq['nodes_before']} → {oq['nodes_after']} (QDQ pairs added).")
+                     f"utterances; nodes {oq['nodes_before']} → {oq['nodes_after']} (QDQ pairs added)"
+                     + (f"; word embeddings 4-bit in groups of {oq['embedding']['group']} (GatherBlockQuantized)"
+                        if oq.get("embedding") else "; word embeddings FP32") + ".")
     rows = e.get("quant_layers", [])[:10]
     if rows:
         lines += ["", "Least accurate layers (isolated: each fed the FP32 model's input; all layers in report.json "

@@ -115,6 +115,10 @@ def test_int8_exports_to_executorch_in_xnnpack_and_to_onnx_runtime(tmp_path):
     orec = quantize_onnx(tmp_path / "m.onnx", tmp_path / "q.onnx", QuantizeConfig(method="minmax"), cal)
     assert orec.extra["quantized_matmuls"] == len(linear_names(m))
     assert orec.extra["nodes_after"] > orec.extra["nodes_before"]  # QuantizeLinear/DequantizeLinear pairs
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "q.onnx")).graph.node}
+    assert "GatherBlockQuantized" in ops and orec.extra["embedding"]["shape"] == [80, 32]  # the word table, 4-bit
     ref, got = OnnxBackend(tmp_path / "m.onnx"), OnnxBackend(tmp_path / "q.onnx")
     for x in checks:
         a, b = ref.run(*x), got.run(*x)
