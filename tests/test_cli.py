@@ -92,3 +92,18 @@ def test_predict_json_on_built_package(tmp_path, tiny_bert):
 def test_unknown_build_intent_is_one_line(tmp_path):
     assert_one_line_error(run("build", "--data", str(DEMO), "--out", str(tmp_path / "o"), "--intents", "nope"),
                           "--intents", "'nope'")
+
+
+def test_buckets_option_parses_lengths_none_and_rejects_junk(tmp_path):
+    from edgekit.cli import _lengths
+    from edgekit.errors import EdgekitError
+
+    assert _lengths(None) is None and _lengths("none") == [] and _lengths("16, 24") == [16, 24]
+    with pytest.raises(EdgekitError):
+        _lengths("sixteen")
+    assert_one_line_error(run("build", "--data", str(DEMO), "--out", str(tmp_path / "o"), "--buckets", "16,x"),
+                          "--buckets")
+    assert_one_line_error(run("build", "--data", str(DEMO), "--out", str(tmp_path / "o"), "--buckets", "2"),
+                          "--buckets", ">= 3")
+    assert_one_line_error(run("build", "--data", str(DEMO), "--out", str(tmp_path / "o"), "--stages",
+                              "teacher,fuse,export,package"), "stages run in this order")
