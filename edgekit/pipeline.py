@@ -399,6 +399,8 @@ def stage_export(ctx: Context) -> tuple[dict, PassRecord]:
     rec = PassRecord("export", params_before=count_params(ctx.model), params_after=count_params(ctx.model))
     rec.extra["decoding"] = drec.to_dict()["extra"]
     fp32 = ctx.cache.get("fp32_model")  # set by the quantize stage: ONNX Runtime quantizes its own export
+    for stale in ctx.ckpt_dir.glob("unfused.*"):  # the fuse stage's copy of an earlier export (a resumed build)
+        stale.unlink()
     for runtime in ctx.target.runtimes:
         fn, ecfg = exporters[runtime]
         # Staged under checkpoints/: the package in OUT/ changes only when the package stage completes.
