@@ -534,8 +534,10 @@ def _bucket_use(ctx: Context, texts: list[str], buckets: list[dict] | None) -> d
     """How many of the measured utterances each length bucket runs ({length: count})."""
     if not buckets:
         return None
+    from edgekit.runtime.backends import pick_bucket
+
     lengths = [b["max_len"] for b in buckets]
-    used = Counter(next((L for L in lengths if L >= ctx.tokenizer.length(t)), lengths[-1]) for t in texts)
+    used = Counter(pick_bucket(lengths, ctx.tokenizer.length(t)) for t in texts)
     return {str(L): used.get(L, 0) for L in lengths}
 
 

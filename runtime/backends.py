@@ -107,6 +107,11 @@ def fit(inputs, length: int) -> list[np.ndarray]:
     return [a[:, : a.shape[1] - (T - length)] if a.ndim == 2 and a.shape[1] in (T, T - 2) else a for a in inputs]
 
 
+def pick_bucket(lengths: list[int], n_pieces: int) -> int:
+    """The shortest of the sorted `lengths` that holds `n_pieces` (the longest when none does: truncated)."""
+    return next((L for L in lengths if L >= n_pieces), lengths[-1])
+
+
 class Bucketed:
     """One model exported at several fixed lengths (length buckets): each call runs the shortest graph that
     holds the utterance, so that short utterances do not pay for the longest one's padding."""
@@ -115,12 +120,9 @@ class Bucketed:
         self.runners, self.lengths = runners, sorted(runners)
         self.name = runners[self.lengths[-1]].name
 
-    def pick(self, n_pieces: int) -> int:
-        return next((L for L in self.lengths if L >= n_pieces), self.lengths[-1])
-
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Inputs at the package's full length (attention_mask second, as in the manifest)."""
-        L = self.pick(int(inputs[1].sum()))
+        L = pick_bucket(self.lengths, int(inputs[1].sum()))
         return self.runners[L].run(*(inputs if L == inputs[0].shape[1] else fit(inputs, L)))
 
 
