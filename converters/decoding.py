@@ -30,33 +30,51 @@ from edgekit.record import PassRecord
 NEG = -1e4  # a blocked move: larger than any sum of logit differences along a path, finite so no inf - inf
 
 
-def bio_tables(tags: list[str], o: str = "O") -> dict[str, torch.Tensor]:
-    """Tables for the Viterbi, which keeps the tags as P pairs (B-x, I-x), held as two (B, 1, P) halves, so that a
-    step is four cheap elementwise/reduce ops whatever the tag count: any tag may follow any tag except that I-x may
-    only follow B-x or I-x, i.e. the best predecessor of I-x is the better of its own pair and that of every other
-    tag is the best of all.
+def bio_tables(tags: list[str], allowed: list[set[str] | None] | None = None, o: str = "O") -> dict[str, torch.Tensor]:
+    """Tables for the Viterbi, one row per allowed slot set (`allowed`; default one row, every slot).
 
-    Tags without a partner (O, B-x without I-x, I-x without B-x) share their pair with a dummy that no path may
-    enter. The layout is the P first halves, then the P second halves (L = 2P positions). perm (L,): the tag id at
-    each position (dummies: O). fill (L,): NEG on dummies. pad (L,): 0 on O only (words past the end).
-    o (1,): the id of O.
+    The Viterbi keeps the tags as P pairs (B-x, I-x), held as two (B, 1, P) halves, so that a step is four cheap
+    elementwise/reduce ops whatever the tag count: any tag may follow any tag except that I-x may only follow B-x
+    or I-x, i.e. the best predecessor of I-x is the better of its own pair and that of every other tag is the
+    best of all. A row keeps only its allowed slots' pairs (the intent-to-slot whitelist), so the steps run over
+    the predicted intent's few slots rather than the whole tag set. Pair 0 is (O, dummy) in every row; tags
+    without a partner (B-x without I-x, I-x without B-x) share their pair with a dummy, and rows with fewer pairs
+    than the widest are padded with dummies. No path may enter a dummy.
+
+    The layout of a row is the P first halves, then the P second halves (L = 2P positions).
+    cols (R, L): the tag id at each position (dummies: O). fill (R, 1, L): 0, or NEG on dummies.
+    pad (1, 1, L): the emission of a word past the end (0 on O, NEG elsewhere). neg (1, 1, P): NEG.
+    o (1, 2): O twice (the two columns past the last possible word). down, up (1, 1, P): 0..P-1 and P..2P-1.
+    zero (1, 1, 1): where back-tracking starts (a virtual O after the last word).
     """
     index = {t: k for k, t in enumerate(tags)}
     o_id = index.get(o, 0)
-    pairs: list[tuple[int | None, int | None]] = []
-    for k, t in enumerate(tags):
-        if t.startswith("B-"):
-            pairs.append((k, index.get(f"I-{t[2:]}")))
-        elif t.startswith("I-"):
-            if f"B-{t[2:]}" not in index:
-                pairs.append((None, k))
-        else:
-            pairs.append((k, None))
-    layout = [p[0] for p in pairs] + [p[1] for p in pairs]
-    return {"perm": torch.tensor([o_id if k is None else k for k in layout]),
-            "fill": torch.tensor([NEG if k is None else 0.0 for k in layout]),
-            "pad": torch.tensor([0.0 if k == o_id else NEG for k in layout]),
-            "o": torch.tensor([o_id])}
+    rows = []
+    for ok in allowed or [None]:
+        pairs: list[tuple[int | None, int | None]] = [(o_id, None)]
+        for k, t in enumerate(tags):
+            if t == o or (ok is not None and t[2:] not in ok):
+                continue
+            if t.startswith("B-"):
+                pairs.append((k, index.get(f"I-{t[2:]}")))
+            elif t.startswith("I-"):
+                if f"B-{t[2:]}" not in index:
+                    pairs.append((None, k))
+            else:
+                pairs.append((k, None))
+        rows.append(pairs)
+    P = max(len(r) for r in rows)
+    cols, fill = [], []
+    for pairs in rows:
+        pairs = pairs + [(None, None)] * (P - len(pairs))
+        layout = [p[0] for p in pairs] + [p[1] for p in pairs]
+        cols.append([o_id if k is None else k for k in layout])
+        fill.append([NEG if k is None else 0.0 for k in layout])
+    return {"cols": torch.tensor(cols), "fill": torch.tensor(fill)[:, None, :],
+            "pad": torch.tensor([[[0.0] + [NEG] * (2 * P - 1)]]), "neg": torch.full((1, 1, P), NEG),
+            "o": torch.tensor([[o_id, o_id]]),
+            "down": torch.arange(P)[None, None, :], "up": torch.arange(P, 2 * P)[None, None, :],
+            "zero": torch.zeros(1, 1, 1, dtype=torch.long)}
 
 
 def bio_transitions(tags: list[str]) -> torch.Tensor:
@@ -97,52 +115,56 @@ def word_positions(starts: torch.Tensor) -> torch.Tensor:
     return pos
 
 
-def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.Tensor]) -> torch.Tensor:
+def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.Tensor],
+            row: torch.Tensor | None = None) -> torch.Tensor:
     """Best BIO tag sequence over the words. emit (B, T, S) piece scores, word_pos (B, T - 2) the position of
-    each word's first piece (0 past the last word), tables from `bio_tables`. Returns (B, T): word w's tag id at
-    column w, O past the last word.
+    each word's first piece (0 past the last word), tables from `bio_tables`, row (B,) each example's table row
+    (default 0). Returns (B, T): word w's tag id at column w, O past the last word.
 
     Unrolled over the fixed length as plain tensor ops, so it exports to any runtime. At this size the cost is
-    kernel calls, and in ExecuTorch's portable kernels a reduction over many short rows costs several times an
-    elementwise op, so a forward step is one elementwise maximum, one whole-row max and two adds on the pair
-    halves. Back-pointers for all words come from a few vectorised ops after the loop, then one tiny gather per
-    word follows them back."""
+    ExecuTorch portable-kernel calls (about 0.2 us each, more for broadcasting and elementwise maximum), so the
+    graph is written for few calls on few elements: the predicted intent's slot pairs only, a forward step of
+    one whole-tensor max, two adds and one maximum, back-pointers for all words from a few vectorised ops after
+    the loop, then one tiny gather per word to follow them back."""
     B, T, _ = emit.shape
     W = word_pos.shape[1]  # T - 2: [CLS] and [SEP] leave at most T - 2 words
-    real = word_pos > 0  # (B, W): word w exists ([CLS] sits at 0)
-    e = emit.index_select(2, tables["perm"]) + tables["fill"]  # (B, T, L) in the pair layout
-    L = e.shape[-1]
+    cols, fill = tables["cols"], tables["fill"]  # (R, L), (R, 1, L)
+    if row is not None:
+        cols, fill = cols.index_select(0, row), fill.index_select(0, row)  # (B, L), (B, 1, L)
+    elif B > 1:
+        cols, fill = cols.expand(B, -1), fill.expand(B, -1, -1)
+    L = cols.shape[-1]
     P = L // 2
-    # Each word's first piece, (B, W, L). A row index_select on the flattened batch: ExecuTorch's portable gather
-    # costs tens of microseconds on this shape, index_select a few.
-    rows = (word_pos + torch.arange(B, device=emit.device)[:, None] * T).reshape(-1)
-    e = e.reshape(B * T, L).index_select(0, rows).reshape(B, W, L)
-    e = torch.where(real[:, :, None], e, tables["pad"])  # words past the end are O: no real word's best tag moves
-    first, second = e.split(P, dim=2)  # (B, W, P) each: O/B-x/unpaired tags, and I-x
-    first, second = first.split(1, dim=1), second.split(1, dim=1)  # W x (B, 1, P)
-    a1, a2 = first[0], second[0] + NEG  # best score of a path ending in each tag; no sentence starts inside a slot
-    alpha1, alpha2 = [a1], [a2]
-    for w in range(1, W):
-        p = torch.maximum(a1, a2)  # (B, 1, P): the best of each pair, which I-x may continue
-        a1, a2 = p.amax(-1, keepdim=True) + first[w], p + second[w]  # any other tag follows the best of all
-        alpha1.append(a1)
-        alpha2.append(a2)
-    last = torch.cat([a1, a2], 2).argmax(-1, keepdim=True)  # (B, 1, 1): the last word's position
-    if W > 1:
-        prev1, prev2 = torch.cat(alpha1[:-1], 1), torch.cat(alpha2[:-1], 1)  # (B, W - 1, P): the word before
-        best = torch.cat([prev1, prev2], 2).argmax(-1, keepdim=True)  # (B, W - 1, 1)
-        pair = (prev2 > prev1).long() * P + torch.arange(P, device=emit.device)  # (B, W - 1, P): I-x came from
-        ptr = torch.cat([best.expand(B, W - 1, P), pair], 2)  # (B, W - 1, L): position one word back
-        # Back-tracking, one tiny gather per word: composing the pointers by doubling needs fewer ops but each
-        # gathers over the whole (W, L) table, which costs more in the portable kernels.
-        back, cur, path = ptr.split(1, dim=1), last, [last]
-        for w in range(W - 2, -1, -1):
-            cur = back[w].gather(2, cur)  # (B, 1, 1)
-            path.append(cur)
-        path = torch.cat(path[::-1], 2).reshape(B, W)  # (B, W) layout positions
+    pad, neg, zero, o = tables["pad"], tables["neg"], tables["zero"], tables["o"]
+    if B == 1:  # the exported case: index_select costs a few portable-kernel microseconds, gather tens
+        e = emit.index_select(2, cols.reshape(L)) + fill  # (1, T, L) in the pair layout
+        # [CLS]'s row becomes the emission of a word past the end (O only), which word_pos 0 selects.
+        e = torch.cat([pad, e[:, 1:]], 1)
+        e = e.reshape(T, L).index_select(0, word_pos.reshape(W))  # (W, L): each word's first piece
     else:
-        path = last.reshape(B, 1)
-    return torch.cat([tables["perm"][path], tables["o"].expand(B, T - W)], 1)  # (B, T) tag ids
+        pad, neg, zero, o = pad.expand(B, 1, L), neg.expand(B, 1, P), zero.expand(B, 1, 1), o.expand(B, T - W)
+        e = emit.gather(2, cols[:, None, :].expand(B, T, L)) + fill
+        e = torch.cat([pad, e[:, 1:]], 1).gather(1, word_pos[:, :, None].expand(B, W, L))
+    halves = e.reshape(B, 2 * W, P).split(1, dim=1)  # word w: first half at 2w, I-x at 2w + 1; (B, 1, P) each
+    p, alpha = halves[0], [halves[0], neg]  # no sentence starts inside a slot
+    for w in range(1, W):
+        m = p.max() if B == 1 else p.amax(-1, keepdim=True)  # the best path so far, which any non-I tag follows
+        a1, a2 = m + halves[2 * w], p + halves[2 * w + 1]  # I-x continues the best of its own pair
+        p = torch.maximum(a1, a2)  # (B, 1, P)
+        alpha += [a1, a2]
+    scores = torch.cat(alpha, 1).reshape(B, W, L)  # best score of a path ending in each tag at each word
+    best = scores.argmax(-1, keepdim=True)  # (B, W, 1)
+    first, second = scores.split(P, 2)
+    pair = torch.where(second > first, tables["up"], tables["down"])  # (B, W, P): I-x came from B-x or I-x
+    ptr = torch.cat([best.expand(B, W, P), pair], 2)  # (B, W, L): word w's position given word w + 1's
+    # Back-tracking from a virtual O after the last word, one tiny gather per word: composing the pointers by
+    # doubling needs fewer calls but each gathers over the whole (W, L) table, which costs more.
+    back, cur, path = ptr.split(1, dim=1), zero, []
+    for w in range(W - 1, -1, -1):
+        cur = back[w].gather(2, cur)  # (B, 1, 1)
+        path.append(cur)
+    path = torch.cat(path[::-1], 2).reshape(B, W)  # (B, W) layout positions
+    return torch.cat([cols.gather(1, path), o], 1)  # (B, T) tag ids
 
 
 class DecodedModel(nn.Module):
@@ -151,12 +173,16 @@ class DecodedModel(nn.Module):
     decoding = True
 
     def __init__(self, model: nn.Module, base_mask: torch.Tensor, oos_id: int, threshold: float,
-                 tables: dict[str, torch.Tensor] | None, slot_bias: torch.Tensor | None, o_id: int = 0):
+                 tables: dict[str, torch.Tensor] | None):
         super().__init__()
-        self.model, self.oos_id, self.threshold, self.o_id = model, oos_id, float(threshold), o_id
+        self.model, self.threshold = model, float(threshold)
+        self.all_allowed = bool(base_mask.all())  # then the build's whitelist costs no op
+        # Constants as buffers, so they travel with .to() and export as constants rather than ops.
         self.register_buffer("base_mask", base_mask)  # (I,) bool: intents the build allows
-        self.register_buffer("slot_bias", slot_bias if slot_bias is not None else torch.zeros(0, 0))
-        self.bio = nn.Module()  # buffers, so they travel with .to() and export as constants
+        self.register_buffer("intent_bias", torch.where(base_mask, 0.0, NEG))  # (I,): the build's whitelist
+        self.register_buffer("neg", torch.tensor([NEG]))
+        self.register_buffer("oos", torch.tensor([oos_id]))
+        self.bio = nn.Module()
         for k, v in (tables or {}).items():
             self.bio.register_buffer(k, v)
         self.has_slots = tables is not None
@@ -165,17 +191,20 @@ class DecodedModel(nn.Module):
     def cfg(self):
         return self.model.cfg
 
+    @property
+    def oos_id(self) -> int:
+        return int(self.oos)
+
     def forward(self, input_ids, attention_mask, word_pos, intent_mask, reject):
         out = self.model(input_ids, attention_mask)
-        allowed = (intent_mask & self.base_mask)[None, :]  # (1, I)
-        probs = torch.softmax(torch.where(allowed, out[0], torch.full_like(out[0], NEG)), -1)  # (B, I)
+        logits = out[0] if self.all_allowed else out[0] + self.intent_bias  # (B, I)
+        probs = torch.softmax(torch.where(intent_mask, logits, self.neg), -1)  # renormalised over allowed intents
         conf, intent = probs.max(-1)  # (B,)
-        rejected = reject & (conf < self.threshold)
-        intent = torch.where(rejected, torch.full_like(intent, self.oos_id), intent)
+        intent = torch.where(reject & (conf < self.threshold), self.oos, intent)
         if not self.has_slots:
             return intent, conf
-        emit = out[1] + self.slot_bias[intent][:, None, :]  # (B, T, S): only the predicted intent's slots
-        return intent, conf, viterbi(emit, word_pos, dict(self.bio.named_buffers()))
+        # Table row = intent: the Viterbi runs over the predicted intent's slots only (rows past the intents: O).
+        return intent, conf, viterbi(out[1], word_pos, dict(self.bio.named_buffers()), row=intent)
 
 
 @dataclass
@@ -216,9 +245,11 @@ def with_decoding(model: nn.Module, cfg: DecodingConfig) -> tuple[DecodedModel, 
     """Wrap `model` in the decoding graph described by `cfg`."""
     t0 = time.perf_counter()
     has_slots = bool(getattr(model.cfg, "n_slots", 0))
-    tables = bio_tables(cfg.slot_tags) if has_slots else None
     bias = intent_slot_table(cfg.intents, cfg.slot_tags, cfg.intent_slots, len(cfg.intents) + 1) if has_slots else None
-    dm = DecodedModel(model, cfg.base_mask(), cfg.oos_id, cfg.threshold, tables, bias, o_id=0).eval()
+    # One table row per intent id (the reserved oos id last): the slots seen with that intent.
+    allowed = [{t[2:] for t, b in zip(cfg.slot_tags, r) if b == 0 and t != "O"} for r in bias.tolist()] if has_slots else []
+    tables = bio_tables(cfg.slot_tags, allowed) if has_slots else None
+    dm = DecodedModel(model, cfg.base_mask(), cfg.oos_id, cfg.threshold, tables).eval()
     rec = PassRecord("decoding", seconds=time.perf_counter() - t0, extra={
         "allowed_intents": cfg.allowed_intents, "oos_id": cfg.oos_id, "threshold": cfg.threshold,
         "oos_class": cfg.oos_label in cfg.intents, "oos_in_softmax": cfg.oos_in_softmax,

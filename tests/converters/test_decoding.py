@@ -57,6 +57,26 @@ def test_viterbi_matches_brute_force(seed, tags):
         assert got[b][len(pos):] == [0] * (T - len(pos))
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_intent_rows_equal_a_blocking_bias_and_batching(seed):
+    """A table row keeps only its slots' pairs: the same answer as blocking the other tags' emissions, alone
+    (B = 1, the exported path) or in a batch."""
+    g = torch.Generator().manual_seed(seed)
+    T, tags = 8, ODD_TAGS + ["B-d", "I-d"]
+    allowed = [{"a"}, {"b", "c"}, set(), None]
+    tables = bio_tables(tags, allowed)
+    emit = torch.randn(4, T, len(tags), generator=g) * 3
+    starts = torch.rand(4, T, generator=g) < 0.6
+    starts[:, 0], starts[:, 1] = False, True
+    pos, row = word_positions(starts), torch.tensor([0, 1, 2, 3])
+    got = viterbi(emit, pos, tables, row)
+    for b, ok in enumerate(allowed):
+        block = torch.tensor([0.0 if t == "O" or ok is None or t[2:] in ok else -1e4 for t in tags])
+        words = starts[b].nonzero().flatten().tolist()[: T - 2]
+        assert got[b, : len(words)].tolist() == reference_viterbi(emit[b] + block, words, bio_transitions(tags))
+        assert torch.equal(viterbi(emit[b:b + 1], pos[b:b + 1], tables, row[b:b + 1]), got[b:b + 1])
+
+
 def reference_viterbi(emit, pos, trans):
     """Textbook S x S Viterbi over the word positions, starting after an implicit O."""
     score = trans[0] + emit[pos[0]]
@@ -144,10 +164,10 @@ def graph_inputs(n=4, mask=None, reject=True):
         ids = rng.integers(4, 60, (1, L)).astype(np.int64)
         att = np.ones((1, L), dtype=np.int64)
         att[0, 6 + k:] = 0
-        starts = np.zeros((1, L), dtype=bool)
+        starts = torch.zeros(1, L, dtype=torch.bool)
         starts[0, [1, 2, 4, 5][: 2 + k % 3]] = True
         allowed = np.ones(len(INTENTS), bool) if mask is None else np.asarray(mask)
-        out.append([ids, att, starts, allowed, np.asarray([reject])])
+        out.append([ids, att, word_positions(starts).numpy(), allowed, np.asarray([reject])])
     return out
 
 
@@ -193,7 +213,7 @@ def test_slots_follow_the_intent_whitelist_and_bio():
     allowed = {0: {"a"}, 1: {"b"}, 2: set()}
     for arrays in graph_inputs(8):
         intent, _, tags = run_eager(dm, arrays)
-        n = int(arrays[2].sum())
+        n = int((arrays[2] > 0).sum())
         names = [TAGS[i] for i in tags[0, :n]]
         assert {t[2:] for t in names if t != "O"} <= allowed[int(intent[0])]
         for prev, cur in zip(["O"] + names, names):
