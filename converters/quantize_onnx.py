@@ -81,25 +81,32 @@ def quantize_onnx(src: str | Path, dst: str | Path, cfg: QuantizeConfig, calib: 
 
 
 def _quantize_embedding(path: Path, cfg: QuantizeConfig) -> dict | None:
-    """Word-embedding Gather -> GatherBlockQuantized (4-bit, blocks of cfg.embedding_group), in place."""
+    """Embedding-table Gathers -> GatherBlockQuantized (4-bit, blocks of cfg.embedding_group), in place. Returns
+    the largest table's node and shape (the word embeddings) and every quantized node."""
     import onnx
     from onnxruntime.quantization import QuantFormat
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     model = onnx.load(str(path))
     inits = {i.name: i for i in model.graph.initializer}
-    tables = [(int(np.prod(inits[n.input[0]].dims)), n.name, list(inits[n.input[0]].dims))
-              for n in model.graph.node if n.op_type == "Gather" and n.input[0] in inits]
+    gathers = [n for n in model.graph.node if n.op_type == "Gather"]
+    # Float 2-D tables only (word and position embeddings): the decoding graph also gathers from integer tables,
+    # which must stay exact. The quantizer takes every Gather of its op types, so the rest are excluded by name.
+    tables = [(int(np.prod(inits[n.input[0]].dims)), n.name, list(inits[n.input[0]].dims)) for n in gathers
+              if n.input[0] in inits and inits[n.input[0]].data_type == onnx.TensorProto.FLOAT
+              and len(inits[n.input[0]].dims) == 2]
     if not tables:
         return None
     size, node, dims = max(tables)
-    q = MatMulNBitsQuantizer(model, bits=4, block_size=cfg.embedding_group, is_symmetric=True, nodes_to_include=[node],
+    chosen = {t[1] for t in tables}
+    q = MatMulNBitsQuantizer(model, bits=4, block_size=cfg.embedding_group, is_symmetric=True,
+                             nodes_to_exclude=[n.name for n in gathers if n.name not in chosen],
                              op_types_to_quantize=("Gather",), quant_axes=(("Gather", 1),),
                              quant_format=QuantFormat.QOperator)
     _quiet(q.process)
     with atomic_path(path) as tmp:
         onnx.save(q.model.model, str(tmp))
-    return {"node": node, "shape": dims, "bits": 4, "group": cfg.embedding_group}
+    return {"node": node, "shape": dims, "bits": 4, "group": cfg.embedding_group, "tables": sorted(chosen)}
 
 
 def _quiet(fn, *args, **kwargs):

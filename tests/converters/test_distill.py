@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from edgekit.converters.distill import DistillConfig, distill, kd_loss
+from edgekit.converters.distill import DistillConfig, average_weights, distill, kd_loss
 from edgekit.data import load_dataset
 from edgekit.model import JointModel, ModelConfig, gather_embeddings
 from edgekit.training import labels_of
@@ -68,3 +68,33 @@ def test_distill_with_augmentation_adds_labelled_utterances():
 
     _, rec = distill(copy.deepcopy(m), cfg)
     assert rec.extra["augmented"] == 50
+
+
+def test_average_weights_is_the_elementwise_mean():
+    a = {"w": torch.tensor([1.0, 3.0]), "n": torch.tensor(1)}
+    b = {"w": torch.tensor([3.0, 5.0]), "n": torch.tensor(2)}
+    avg = average_weights([a, b])
+    assert avg["w"].tolist() == [2.0, 4.0] and avg["n"] == 2
+
+
+def test_distill_tries_the_average_of_late_epochs():
+    data = load_dataset(DEMO)
+    words = {w.lower() for ex in data.splits["train"] for w in ex.words}
+    tok, rows = from_wordpiece(make_vocab(sorted(words)))
+    torch.manual_seed(0)
+    m = JointModel(ModelConfig(vocab_size=len(make_vocab(sorted(words))), hidden=16, heads=[2], ffn=[32], head_dim=8,
+                               n_intents=len(data.intents), n_slots=len(data.slot_tags), dropout=0.0))
+    gather_embeddings(m, rows)
+    cfg = DistillConfig(teacher=m.eval(), teacher_tokenizer=tok, student_tokenizer=tok, train=data.splits["train"][:100],
+                        dev=data.splits["dev"][:20], labels=labels_of(data), epochs=3, max_len=32, average_last=2,
+                        hidden_weight=0.0)
+    import copy
+
+    _, rec = distill(copy.deepcopy(m), cfg)
+    avg = rec.extra["average"]
+    assert avg["epochs"] == [2, 3] and set(avg["dev"]) == {"intent_acc", "slot_f1", "exact_match"}
+    best = max(c["dev"]["intent_acc"] + c["dev"]["slot_f1"] for c in rec.extra["curve"])
+    assert avg["kept"] == (avg["dev"]["intent_acc"] + avg["dev"]["slot_f1"] > best)
+    with pytest.raises(ValueError, match="average_last"):
+        DistillConfig(teacher=m, teacher_tokenizer=tok, student_tokenizer=tok, train=[], dev=[], labels={}, epochs=2,
+                      average_last=3)

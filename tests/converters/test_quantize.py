@@ -160,3 +160,36 @@ def test_weight4_layers_are_4bit_dynamic_lower_to_xnnpack_and_fall_back_to_int8_
     # 1.2 -> 0.9 -> 0.6 -> 0.3 pt: three layers up to INT8, none to FP32
     assert len(promoted) == 3 and set(promoted) <= ffn and not rec.extra["fp32_layers"]
     assert set(q.weight4_layers) == ffn - set(promoted)
+
+
+def test_onnx_int8_of_a_decoded_graph_keeps_its_integer_tables(tmp_path):
+    """Only float embedding tables become GatherBlockQuantized: the decoding graph's integer tag tables stay exact."""
+    import onnx
+
+    from edgekit.converters.decoding import DecodingConfig, with_decoding, word_positions
+    from edgekit.converters.export_onnx import OnnxExportConfig, export_onnx
+    from edgekit.converters.quantize_onnx import quantize_onnx
+    from edgekit.runtime.backends import OnnxBackend
+
+    tags = ["O", "B-a", "I-a", "B-b", "I-b"]
+    dm, _ = with_decoding(tiny(), DecodingConfig(["x", "y", "z"], tags, {"x": {"a"}, "y": {"a", "b"}, "z": set()}))
+    inputs = []
+    for ids, mask in calib(2):
+        for k in range(len(ids)):
+            starts = torch.zeros(1, T, dtype=torch.bool)
+            starts[0, 1:T - 3] = True
+            inputs.append([ids[k:k + 1].numpy(), mask[k:k + 1].numpy(), word_positions(starts).numpy(),
+                           np.ones(3, bool), np.asarray([False])])
+    export_onnx(dm, OnnxExportConfig(T), tmp_path / "d.onnx", inputs[:4])
+    rec = quantize_onnx(tmp_path / "d.onnx", tmp_path / "dq.onnx", QuantizeConfig(method="minmax"), inputs)
+    graph = onnx.load(str(tmp_path / "dq.onnx")).graph
+    ints = {i.name for i in graph.initializer if i.data_type == onnx.TensorProto.INT64}
+    assert any(n.op_type == "Gather" and n.input[0] in ints for n in graph.node)  # the tag tables, untouched
+    assert rec.extra["embedding"]["shape"] == [80, 32]  # the word table
+    fp, q = OnnxBackend(tmp_path / "d.onnx"), OnnxBackend(tmp_path / "dq.onnx")
+    for x in inputs:
+        intent, _, tags_q = q.run(*x)
+        names = [tags[t] for t in tags_q[0, : T - 4]]
+        assert all(not t.startswith("I-") or p[2:] == t[2:] for p, t in zip(["O"] + names, names))  # valid BIO
+    agree = np.mean([fp.run(*x)[0][0] == q.run(*x)[0][0] for x in inputs])
+    assert agree >= 0.5
