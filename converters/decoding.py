@@ -44,8 +44,8 @@ def bio_tables(tags: list[str], allowed: list[set[str] | None] | None = None, o:
     The layout of a row is the P first halves, then the P second halves (L = 2P positions).
     cols (R, L): the tag id at each position (dummies: O). fill (R, 1, L): 0, or NEG on dummies.
     pad (1, 1, L): the emission of a word past the end (0 on O, NEG elsewhere). neg (1, 1, P): NEG.
-    o (1, 2): O twice (the two columns past the last possible word). down, up (1, 1, P): 0..P-1 and P..2P-1.
-    zero (1, 1, 1): where back-tracking starts (a virtual O after the last word).
+    o (1, 2): O twice (the two columns past the last possible word). prev (L, 1, L): 0 where position i may
+    precede position j, else NEG. zero (1, 1): where back-tracking starts (a virtual O after the last word).
     """
     index = {t: k for k, t in enumerate(tags)}
     o_id = index.get(o, 0)
@@ -70,11 +70,15 @@ def bio_tables(tags: list[str], allowed: list[set[str] | None] | None = None, o:
         layout = [p[0] for p in pairs] + [p[1] for p in pairs]
         cols.append([o_id if k is None else k for k in layout])
         fill.append([NEG if k is None else 0.0 for k in layout])
+    # prev[j, i]: 0 if the tag at position i may precede the one at j, else NEG (only I-x has a constraint).
+    prev = torch.zeros(2 * P, 2 * P)
+    for x in range(P):
+        prev[P + x] = NEG
+        prev[P + x, [x, P + x]] = 0.0
     return {"cols": torch.tensor(cols), "fill": torch.tensor(fill)[:, None, :],
             "pad": torch.tensor([[[0.0] + [NEG] * (2 * P - 1)]]), "neg": torch.full((1, 1, P), NEG),
             "o": torch.tensor([[o_id, o_id]]),
-            "down": torch.arange(P)[None, None, :], "up": torch.arange(P, 2 * P)[None, None, :],
-            "zero": torch.zeros(1, 1, 1, dtype=torch.long)}
+            "prev": prev[:, None, :], "zero": torch.zeros(1, 1, dtype=torch.long)}
 
 
 def bio_transitions(tags: list[str]) -> torch.Tensor:
@@ -124,8 +128,8 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
     Unrolled over the fixed length as plain tensor ops, so it exports to any runtime. At this size the cost is
     ExecuTorch portable-kernel calls (about 0.2 us each, more for broadcasting and elementwise maximum), so the
     graph is written for few calls on few elements: the predicted intent's slot pairs only, a forward step of
-    one whole-tensor max, two adds and one maximum, back-pointers for all words from a few vectorised ops after
-    the loop, then one tiny gather per word to follow them back."""
+    one whole-tensor max, two adds and one maximum, and a back-tracking step of one row lookup, one add and one
+    argmax."""
     B, T, _ = emit.shape
     W = word_pos.shape[1]  # T - 2: [CLS] and [SEP] leave at most T - 2 words
     cols, fill = tables["cols"], tables["fill"]  # (R, L), (R, 1, L)
@@ -142,7 +146,7 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
         e = torch.cat([pad, e[:, 1:]], 1)
         e = e.reshape(T, L).index_select(0, word_pos.reshape(W))  # (W, L): each word's first piece
     else:
-        pad, neg, zero, o = pad.expand(B, 1, L), neg.expand(B, 1, P), zero.expand(B, 1, 1), o.expand(B, T - W)
+        pad, neg, zero, o = pad.expand(B, 1, L), neg.expand(B, 1, P), zero.expand(B, 1), o.expand(B, T - W)
         e = emit.gather(2, cols[:, None, :].expand(B, T, L)) + fill
         e = torch.cat([pad, e[:, 1:]], 1).gather(1, word_pos[:, :, None].expand(B, W, L))
     halves = e.reshape(B, 2 * W, P).split(1, dim=1)  # word w: first half at 2w, I-x at 2w + 1; (B, 1, P) each
@@ -152,18 +156,15 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
         a1, a2 = m + halves[2 * w], p + halves[2 * w + 1]  # I-x continues the best of its own pair
         p = torch.maximum(a1, a2)  # (B, 1, P)
         alpha += [a1, a2]
-    scores = torch.cat(alpha, 1).reshape(B, W, L)  # best score of a path ending in each tag at each word
-    best = scores.argmax(-1, keepdim=True)  # (B, W, 1)
-    first, second = scores.split(P, 2)
-    pair = torch.where(second > first, tables["up"], tables["down"])  # (B, W, P): I-x came from B-x or I-x
-    ptr = torch.cat([best.expand(B, W, P), pair], 2)  # (B, W, L): word w's position given word w + 1's
-    # Back-tracking from a virtual O after the last word, one tiny gather per word: composing the pointers by
-    # doubling needs fewer calls but each gathers over the whole (W, L) table, which costs more.
-    back, cur, path = ptr.split(1, dim=1), zero, []
+    scores = torch.cat(alpha, 1).reshape(B, W, L).split(1, dim=1)  # W x (B, 1, L): best path ending in each tag
+    # Back-tracking from a virtual O after the last word: word w's tag is the best of the allowed predecessors
+    # of word w + 1's (`prev` row: anything before O/B-x, only B-x or I-x before I-x). Three tiny ops per word;
+    # vectorised back-pointers over the whole (W, L) table cost more in the portable kernels.
+    prev, cur, path = tables["prev"], zero, []
     for w in range(W - 1, -1, -1):
-        cur = back[w].gather(2, cur)  # (B, 1, 1)
+        cur = (scores[w] + prev.index_select(0, cur.reshape(B))).argmax(-1)  # (B, 1)
         path.append(cur)
-    path = torch.cat(path[::-1], 2).reshape(B, W)  # (B, W) layout positions
+    path = torch.cat(path[::-1], 1)  # (B, W) layout positions
     return torch.cat([cols.gather(1, path), o], 1)  # (B, T) tag ids
 
 
