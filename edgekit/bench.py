@@ -103,7 +103,8 @@ def decoding_latency(package: str, runtime: str, raw_path: str, texts: list[str]
     if unfused_path:
         preds.append(Predictor(open_backend(runtime, unfused_path, threads, pkg.buckets(runtime)), p.tokenizer,
                                p.labels, p.max_len, decoding=True))
-    return alternating_latency(preds, texts)
+    # Ten rounds (a few seconds): single runs of three rounds moved by several points with the machine's state.
+    return alternating_latency(preds, texts, rounds=10)
 
 
 def in_fresh_process(fn: str, **kwargs):

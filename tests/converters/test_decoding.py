@@ -38,9 +38,10 @@ def brute_force(emit, pos, trans):
 ODD_TAGS = ["O", "B-a", "I-a", "I-c", "B-b"]  # I-c without B-c (it happens in ATIS), B-b without I-b
 
 
+@pytest.mark.parametrize("backtrack", ["argmax", "table"])
 @pytest.mark.parametrize("tags", [TAGS, ODD_TAGS])
 @pytest.mark.parametrize("seed", range(30))
-def test_viterbi_matches_brute_force(seed, tags):
+def test_viterbi_matches_brute_force(seed, tags, backtrack):
     g = torch.Generator().manual_seed(seed)
     T, S = 8, len(tags)
     emit = torch.randn(2, T, S, generator=g) * 3  # (B, T, S)
@@ -51,14 +52,15 @@ def test_viterbi_matches_brute_force(seed, tags):
         pos = sorted({1, *torch.randperm(T - 2, generator=g)[: n_words - 1].add(1).tolist()})
         starts[b, pos] = True
         positions.append(pos)
-    got = viterbi(emit, word_positions(starts), bio_tables(tags)).tolist()  # (B, T) word tags
+    got = viterbi(emit, word_positions(starts), bio_tables(tags), backtrack=backtrack).tolist()  # (B, T) word tags
     for b, pos in enumerate(positions):
         assert got[b][: len(pos)] == brute_force(emit[b], pos, bio_transitions(tags))
         assert got[b][len(pos):] == [0] * (T - len(pos))
 
 
+@pytest.mark.parametrize("backtrack", ["argmax", "table"])
 @pytest.mark.parametrize("seed", range(10))
-def test_intent_rows_equal_a_blocking_bias_and_batching(seed):
+def test_intent_rows_equal_a_blocking_bias_and_batching(seed, backtrack):
     """A table row keeps only its slots' pairs: the same answer as blocking the other tags' emissions, alone
     (B = 1, the exported path) or in a batch."""
     g = torch.Generator().manual_seed(seed)
@@ -69,12 +71,12 @@ def test_intent_rows_equal_a_blocking_bias_and_batching(seed):
     starts = torch.rand(4, T, generator=g) < 0.6
     starts[:, 0], starts[:, 1] = False, True
     pos, row = word_positions(starts), torch.tensor([0, 1, 2, 3])
-    got = viterbi(emit, pos, tables, row)
+    got = viterbi(emit, pos, tables, row, backtrack)
     for b, ok in enumerate(allowed):
         block = torch.tensor([0.0 if t == "O" or ok is None or t[2:] in ok else -1e4 for t in tags])
         words = starts[b].nonzero().flatten().tolist()[: T - 2]
         assert got[b, : len(words)].tolist() == reference_viterbi(emit[b] + block, words, bio_transitions(tags))
-        assert torch.equal(viterbi(emit[b:b + 1], pos[b:b + 1], tables, row[b:b + 1]), got[b:b + 1])
+        assert torch.equal(viterbi(emit[b:b + 1], pos[b:b + 1], tables, row[b:b + 1], backtrack), got[b:b + 1])
 
 
 def reference_viterbi(emit, pos, trans):
@@ -102,10 +104,11 @@ def test_viterbi_matches_reference_on_long_inputs(seed):
     starts[:, 0] = False
     starts[:, 1] = True
     starts[2, 1:T - 1] = True  # every position a word: the longest case
-    got = viterbi(emit, word_positions(starts), bio_tables(tags)).tolist()
-    for b in range(3):
-        pos = starts[b].nonzero().flatten().tolist()[: T - 2]
-        assert got[b][: len(pos)] == reference_viterbi(emit[b], pos, bio_transitions(tags))
+    for backtrack in ("argmax", "table"):
+        got = viterbi(emit, word_positions(starts), bio_tables(tags), backtrack=backtrack).tolist()
+        for b in range(3):
+            pos = starts[b].nonzero().flatten().tolist()[: T - 2]
+            assert got[b][: len(pos)] == reference_viterbi(emit[b], pos, bio_transitions(tags))
 
 
 def test_viterbi_backtracks_the_whole_length():
@@ -218,6 +221,15 @@ def test_slots_follow_the_intent_whitelist_and_bio():
         assert {t[2:] for t in names if t != "O"} <= allowed[int(intent[0])]
         for prev, cur in zip(["O"] + names, names):
             assert not cur.startswith("I-") or prev[2:] == cur[2:]
+
+
+def test_each_runtime_gets_its_back_tracking_on_shared_weights():
+    dm, _ = with_decoding(tiny(), DecodingConfig(INTENTS, TAGS))
+    onnx_dm, et_dm = dm.for_runtime("onnx"), dm.for_runtime("executorch")
+    assert (onnx_dm.backtrack, et_dm.backtrack, dm.backtrack) == ("table", "argmax", "argmax")
+    assert onnx_dm.model is dm.model
+    for arrays in graph_inputs(6):
+        assert all(np.array_equal(a, b) for a, b in zip(run_eager(onnx_dm, arrays), run_eager(et_dm, arrays)))
 
 
 def test_threshold_calibration():
