@@ -55,8 +55,11 @@ def partitioner(encoder_only: bool):
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     class EncoderXnnpackPartitioner(XnnpackPartitioner):
-        def generate_partitions(self, ep):
-            return [p for p in super().generate_partitions(ep) if any(_in_submodule(n, "model") for n in p.nodes)]
+        # Filtered before the groups are merged into partitions: a decoding op left in a group (the softmax)
+        # would join the slot head into a partition of its own after the portable intent ops, one more
+        # delegate call than the graph without decoding.
+        def get_matched_nodes_from_configs(self, ep):
+            return [g for g in super().get_matched_nodes_from_configs(ep) if any(_in_submodule(n, "model") for n in g)]
 
     return EncoderXnnpackPartitioner() if encoder_only else XnnpackPartitioner()
 
