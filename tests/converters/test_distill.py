@@ -53,7 +53,10 @@ def test_novel_words_are_whole_for_the_teacher_and_split_for_the_student():
     assert novel_words(teacher, teacher) == []
 
 
-def test_distill_with_augmentation_adds_labelled_utterances():
+def one_layer_self_distillation(**kw):
+    """Distil a tiny one-layer model into a copy of itself on the demo data; returns (model, tokenizer, record)."""
+    import copy
+
     data = load_dataset(DEMO)
     words = {w.lower() for ex in data.splits["train"] for w in ex.words}
     tok, rows = from_wordpiece(make_vocab(sorted(words)))
@@ -62,11 +65,12 @@ def test_distill_with_augmentation_adds_labelled_utterances():
                                n_intents=len(data.intents), n_slots=len(data.slot_tags), dropout=0.0))
     gather_embeddings(m, rows)
     cfg = DistillConfig(teacher=m.eval(), teacher_tokenizer=tok, student_tokenizer=tok, train=data.splits["train"][:100],
-                        dev=data.splits["dev"][:20], labels=labels_of(data), epochs=1, max_len=32, augment=0.5,
-                        hidden_weight=0.0)
-    import copy
+                        dev=data.splits["dev"][:20], labels=labels_of(data), max_len=32, hidden_weight=0.0, **kw)
+    return m, tok, distill(copy.deepcopy(m), cfg)[1]
 
-    _, rec = distill(copy.deepcopy(m), cfg)
+
+def test_distill_with_augmentation_adds_labelled_utterances():
+    _, _, rec = one_layer_self_distillation(epochs=1, augment=0.5)
     assert rec.extra["augmented"] == 50
 
 
@@ -78,19 +82,7 @@ def test_average_weights_is_the_elementwise_mean():
 
 
 def test_distill_tries_the_average_of_late_epochs():
-    data = load_dataset(DEMO)
-    words = {w.lower() for ex in data.splits["train"] for w in ex.words}
-    tok, rows = from_wordpiece(make_vocab(sorted(words)))
-    torch.manual_seed(0)
-    m = JointModel(ModelConfig(vocab_size=len(make_vocab(sorted(words))), hidden=16, heads=[2], ffn=[32], head_dim=8,
-                               n_intents=len(data.intents), n_slots=len(data.slot_tags), dropout=0.0))
-    gather_embeddings(m, rows)
-    cfg = DistillConfig(teacher=m.eval(), teacher_tokenizer=tok, student_tokenizer=tok, train=data.splits["train"][:100],
-                        dev=data.splits["dev"][:20], labels=labels_of(data), epochs=3, max_len=32, average_last=2,
-                        hidden_weight=0.0)
-    import copy
-
-    _, rec = distill(copy.deepcopy(m), cfg)
+    m, tok, rec = one_layer_self_distillation(epochs=3, average_last=2)
     avg = rec.extra["average"]
     assert avg["epochs"] == [2, 3] and set(avg["dev"]) == {"intent_acc", "slot_f1", "exact_match"}
     best = max(c["dev"]["intent_acc"] + c["dev"]["slot_f1"] for c in rec.extra["curve"])
