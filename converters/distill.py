@@ -55,9 +55,6 @@ class DistillConfig:
     # None: no hidden-state matching. Set from the layers pruning kept.
     layer_map: list[int] | None = None
     epochs: int = 8
-    # Also try the average of the last `average_last` epochs' weights (0: off), kept if it scores better on dev:
-    # late epochs of a decaying learning rate sit around one optimum, and their mean is often nearer to it.
-    average_last: int = 0
     batch_size: int = 32
     lr: float = 4e-4
     weight_decay: float = 0.01
@@ -75,8 +72,6 @@ class DistillConfig:
             raise ValueError("epochs must be >= 1")
         if self.augment < 0:
             raise ValueError("augment must be >= 0")
-        if not 0 <= self.average_last <= self.epochs:
-            raise ValueError(f"average_last must be in 0..epochs ({self.epochs}), got {self.average_last}")
 
 
 def novel_words(teacher_tokenizer, student_tokenizer, min_chars: int = 3) -> list[str]:
@@ -127,12 +122,6 @@ def kd_loss(student: torch.Tensor, teacher: torch.Tensor, hard: torch.Tensor, T:
     return alpha * soft + (1 - alpha) * hard_loss
 
 
-def average_weights(states: list[dict]) -> dict:
-    """Element-wise mean of several state dicts of one architecture (integer buffers: the last one's)."""
-    return {k: torch.stack([s[k] for s in states]).mean(0) if v.is_floating_point() else states[-1][k]
-            for k, v in states[-1].items()}
-
-
 def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassRecord]:
     """Train `model` (the student) on the teacher's soft targets; keep the best dev checkpoint."""
     t0 = time.perf_counter()
@@ -159,7 +148,7 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
     steps = min(steps, cfg.steps_limit) if cfg.steps_limit else steps
     total = steps * cfg.epochs
     sched = warmup_linear(opt, total, cfg.warmup)
-    best, best_score, curve, late = None, -1.0, [], []
+    best, best_score, curve = None, -1.0, []
     bar = _progress(total, "distill")
     for epoch in range(cfg.epochs):
         model.train()
@@ -200,24 +189,11 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
         if dev_score(m) > best_score:
             best_score, best = dev_score(m), copy.deepcopy(model.state_dict())
             rec.extra["best_epoch"] = epoch + 1
-        if epoch >= cfg.epochs - cfg.average_last:
-            late.append(copy.deepcopy(model.state_dict()))
     bar.close()
-    if len(late) > 1:
-        model.load_state_dict(average_weights(late))
-        m = score(cfg.dev, predict_eager(model, cfg.dev, cfg.student_tokenizer, cfg.labels, cfg.max_len), cfg.labels)
-        rec.extra["average"] = {"epochs": [cfg.epochs - len(late) + 1, cfg.epochs], "kept": dev_score(m) > best_score,
-                                "dev": {k: m[k] for k in ("intent_acc", "slot_f1", "exact_match")}}
-        bar.write(f"distill average of the last {len(late)} epochs: dev intent {m['intent_acc']:.4f}"
-                  + (f"  slot F1 {m['slot_f1']:.4f}" if m["slot_f1"] is not None else "")
-                  + ("  (kept)" if rec.extra["average"]["kept"] else "  (not better than the best epoch)"))
-        if rec.extra["average"]["kept"]:
-            best_score, best = dev_score(m), model.state_dict()
     model.load_state_dict(best)
     model.eval()
     rec.params_after, rec.bytes_after = count_params(model), param_bytes(model)
     rec.extra.update(curve=curve, temperature=cfg.temperature, alpha=cfg.alpha, epochs=cfg.epochs, lr=cfg.lr,
-                     average_last=cfg.average_last,
                      augmented=len(train) - len(cfg.train), novel_share=cfg.novel_share,
                      novel_words=len(novel or []),
                      hidden_weight=cfg.hidden_weight if layer_map else 0.0, layer_map=layer_map)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from edgekit.converters.distill import DistillConfig, average_weights, distill, kd_loss
+from edgekit.converters.distill import DistillConfig, distill, kd_loss
 from edgekit.data import load_dataset
 from edgekit.model import JointModel, ModelConfig, gather_embeddings
 from edgekit.training import labels_of
@@ -73,20 +73,3 @@ def test_distill_with_augmentation_adds_labelled_utterances():
     _, _, rec = one_layer_self_distillation(epochs=1, augment=0.5)
     assert rec.extra["augmented"] == 50
 
-
-def test_average_weights_is_the_elementwise_mean():
-    a = {"w": torch.tensor([1.0, 3.0]), "n": torch.tensor(1)}
-    b = {"w": torch.tensor([3.0, 5.0]), "n": torch.tensor(2)}
-    avg = average_weights([a, b])
-    assert avg["w"].tolist() == [2.0, 4.0] and avg["n"] == 2
-
-
-def test_distill_tries_the_average_of_late_epochs():
-    m, tok, rec = one_layer_self_distillation(epochs=3, average_last=2)
-    avg = rec.extra["average"]
-    assert avg["epochs"] == [2, 3] and set(avg["dev"]) == {"intent_acc", "slot_f1", "exact_match"}
-    best = max(c["dev"]["intent_acc"] + c["dev"]["slot_f1"] for c in rec.extra["curve"])
-    assert avg["kept"] == (avg["dev"]["intent_acc"] + avg["dev"]["slot_f1"] > best)
-    with pytest.raises(ValueError, match="average_last"):
-        DistillConfig(teacher=m, teacher_tokenizer=tok, student_tokenizer=tok, train=[], dev=[], labels={}, epochs=2,
-                      average_last=3)
