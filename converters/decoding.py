@@ -218,10 +218,6 @@ class DecodedModel(nn.Module):
     def cfg(self):
         return self.model.cfg
 
-    @property
-    def oos_id(self) -> int:
-        return int(self.oos)
-
     def for_runtime(self, runtime: str) -> "DecodedModel":
         """The same model (shared weights), with the back-tracking that runtime runs fastest (BACKTRACK)."""
         out = copy.copy(self)
@@ -280,8 +276,10 @@ def with_decoding(model: nn.Module, cfg: DecodingConfig) -> tuple[DecodedModel, 
     has_slots = bool(getattr(model.cfg, "n_slots", 0))
     bias = intent_slot_table(cfg.intents, cfg.slot_tags, cfg.intent_slots, len(cfg.intents) + 1) if has_slots else None
     # One table row per intent id (the reserved oos id last): the slots seen with that intent.
-    allowed = [{t[2:] for t, b in zip(cfg.slot_tags, r) if b == 0 and t != "O"} for r in bias.tolist()] if has_slots else []
-    tables = bio_tables(cfg.slot_tags, allowed) if has_slots else None
+    tables = None
+    if has_slots:
+        allowed = [{t[2:] for t, b in zip(cfg.slot_tags, r) if b == 0 and t != "O"} for r in bias.tolist()]
+        tables = bio_tables(cfg.slot_tags, allowed)
     dm = DecodedModel(model, cfg.base_mask(), cfg.oos_id, cfg.threshold, tables).eval()
     rec = PassRecord("decoding", seconds=time.perf_counter() - t0, extra={
         "allowed_intents": cfg.allowed_intents, "oos_id": cfg.oos_id, "threshold": cfg.threshold,

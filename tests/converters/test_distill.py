@@ -64,8 +64,9 @@ def one_layer_self_distillation(**kw):
     m = JointModel(ModelConfig(vocab_size=len(make_vocab(sorted(words))), hidden=16, heads=[2], ffn=[32], head_dim=8,
                                n_intents=len(data.intents), n_slots=len(data.slot_tags), dropout=0.0))
     gather_embeddings(m, rows)
-    cfg = DistillConfig(teacher=m.eval(), teacher_tokenizer=tok, student_tokenizer=tok, train=data.splits["train"][:100],
-                        dev=data.splits["dev"][:20], labels=labels_of(data), max_len=32, hidden_weight=0.0, **kw)
+    cfg = DistillConfig(teacher=m.eval(), teacher_tokenizer=tok, student_tokenizer=tok,
+                        train=data.splits["train"][:100], dev=data.splits["dev"][:20], labels=labels_of(data),
+                        max_len=32, hidden_weight=0.0, **kw)
     return m, tok, distill(copy.deepcopy(m), cfg)[1]
 
 
