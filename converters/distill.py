@@ -13,6 +13,7 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -62,6 +63,9 @@ class DistillConfig:
     max_len: int = 128
     seed: int = 0
     steps_limit: int | None = None
+    # Dev metrics of a model, used to keep the best epoch (the pipeline passes its own evaluation: the decoding
+    # graph the package ships). None: plain per-word argmax.
+    evaluate: Callable[[JointModel], dict] | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.temperature <= 0:
@@ -150,10 +154,11 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
     sched = warmup_linear(opt, total, cfg.warmup)
     best, best_score, curve = None, -1.0, []
     bar = _progress(total, "distill")
+    lengths = [len(x) for x in s_feats.ids]  # batches grouped by length: less padding per step
     for epoch in range(cfg.epochs):
         model.train()
         losses = []
-        for idx in epoch_batches(len(s_feats.ids), cfg.batch_size, steps, rng):
+        for idx in epoch_batches(len(s_feats.ids), cfg.batch_size, steps, rng, lengths):
             ids, mask, intents, slots = collate(s_feats, idx, cfg.student_tokenizer.pad_id)
             states = model.encode(ids, mask)
             out = model.heads(states[-1])
@@ -181,9 +186,11 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
             losses.append(loss.item())
             bar.update(1)
             bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(losses[-50:]):.4f}", refresh=False)
-        m = score(cfg.dev, predict_eager(model, cfg.dev, cfg.student_tokenizer, cfg.labels, cfg.max_len), cfg.labels)
+        model.eval()
+        m = cfg.evaluate(model) if cfg.evaluate else score(
+            cfg.dev, predict_eager(model, cfg.dev, cfg.student_tokenizer, cfg.labels, cfg.max_len), cfg.labels)
         curve.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)) if losses else None,
-                      "dev": {k: m[k] for k in ("intent_acc", "slot_f1", "exact_match")}})
+                      "dev": {k: m[k] for k in ("intent_acc", "slot_f1", "slot_f1_argmax", "exact_match") if k in m}})
         bar.write(f"distill epoch {epoch + 1}: loss {curve[-1]['train_loss']:.4f}  dev intent {m['intent_acc']:.4f}"
                   + (f"  slot F1 {m['slot_f1']:.4f}" if m["slot_f1"] is not None else ""))
         if dev_score(m) > best_score:

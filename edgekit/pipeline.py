@@ -673,7 +673,8 @@ def stage_distill(ctx: Context) -> tuple[dict, PassRecord]:
                             epochs=c["distill_epochs"], lr=c["distill_lr"], seed=ctx.cfg.seed,
                             max_len=ctx.max_len, augment=c["distill_augment"],
                             novel_share=c["distill_novel"],
-                            steps_limit=ctx.cfg.train.steps_limit)
+                            steps_limit=ctx.cfg.train.steps_limit,
+                            evaluate=lambda m: ctx.evaluate(m, ctx.tokenizer, "dev"))  # epochs chosen as shipped
         model, rec = distill(copy.deepcopy(ctx.model), cfg)
         dev = ctx.evaluate(model, ctx.tokenizer, "dev")
         ok, drops = gate(ctx, dev)

@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 
@@ -54,9 +56,7 @@ def test_novel_words_are_whole_for_the_teacher_and_split_for_the_student():
 
 
 def one_layer_self_distillation(**kw):
-    """Distil a tiny one-layer model into a copy of itself on the demo data; returns (model, tokenizer, record)."""
-    import copy
-
+    """Distil a tiny one-layer model into a copy of itself on the demo data; returns (student, record)."""
     data = load_dataset(DEMO)
     words = {w.lower() for ex in data.splits["train"] for w in ex.words}
     tok, rows = from_wordpiece(make_vocab(sorted(words)))
@@ -67,10 +67,24 @@ def one_layer_self_distillation(**kw):
     cfg = DistillConfig(teacher=m.eval(), teacher_tokenizer=tok, student_tokenizer=tok,
                         train=data.splits["train"][:100], dev=data.splits["dev"][:20], labels=labels_of(data),
                         max_len=32, hidden_weight=0.0, **kw)
-    return m, tok, distill(copy.deepcopy(m), cfg)[1]
+    return distill(copy.deepcopy(m), cfg)
 
 
 def test_distill_with_augmentation_adds_labelled_utterances():
-    _, _, rec = one_layer_self_distillation(epochs=1, augment=0.5)
+    _, rec = one_layer_self_distillation(epochs=1, augment=0.5)
     assert rec.extra["augmented"] == 50
 
+
+def test_distill_keeps_the_epoch_its_evaluate_scores_best():
+    calls = []
+
+    def evaluate(model):  # scores epoch 2 best, whatever the model does
+        calls.append(copy.deepcopy(model.state_dict()))
+        return {"intent_acc": 1.0 if len(calls) == 2 else 0.5, "slot_f1": 0.5, "slot_f1_argmax": 0.4,
+                "exact_match": 0.5}
+
+    model, rec = one_layer_self_distillation(epochs=3, lr=3e-2, evaluate=evaluate)
+    assert len(calls) == 3 and rec.extra["best_epoch"] == 2
+    assert rec.extra["curve"][1]["dev"]["slot_f1_argmax"] == 0.4
+    assert all(torch.equal(v, calls[1][k]) for k, v in model.state_dict().items())
+    assert not all(torch.equal(v, calls[2][k]) for k, v in model.state_dict().items())
