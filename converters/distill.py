@@ -195,7 +195,7 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
                   + (f"  slot F1 {m['slot_f1']:.4f}" if m["slot_f1"] is not None else ""))
         if dev_score(m) > best_score:
             best_score, best = dev_score(m), copy.deepcopy(model.state_dict())
-            rec.extra["best_epoch"] = epoch + 1
+            rec.extra.update(best_epoch=epoch + 1, best_dev=m)  # the kept model's dev metrics (no second pass)
     bar.close()
     model.load_state_dict(best)
     model.eval()

@@ -676,7 +676,7 @@ def stage_distill(ctx: Context) -> tuple[dict, PassRecord]:
                             steps_limit=ctx.cfg.train.steps_limit,
                             evaluate=lambda m: ctx.evaluate(m, ctx.tokenizer, "dev"))  # epochs chosen as shipped
         model, rec = distill(copy.deepcopy(ctx.model), cfg)
-        dev = ctx.evaluate(model, ctx.tokenizer, "dev")
+        dev = rec.extra.pop("best_dev")  # ctx.evaluate on dev of the kept epoch, computed during distillation
         ok, drops = gate(ctx, dev)
         nonemb = count_params(model, embeddings=False)
         tries.append({"setting": f"prune target x{ctx.prune_scale:.2f}, {nonemb:,} non-embedding params",

@@ -168,10 +168,10 @@ def epoch_batches(n: int, batch_size: int, steps: int, rng: random.Random, lengt
     """
     order = list(range(n))
     rng.shuffle(order)
-    batches = [order[s:s + batch_size] for s in range(0, n, batch_size)]
-    if lengths is not None:
-        span = batch_size * pool
-        batches = []
+    if lengths is None:
+        batches = [order[s:s + batch_size] for s in range(0, n, batch_size)]
+    else:
+        batches, span = [], batch_size * pool
         for c in range(0, n, span):
             chunk = sorted(order[c:c + span], key=lengths.__getitem__)
             batches += [chunk[s:s + batch_size] for s in range(0, len(chunk), batch_size)]
