@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from edgekit.data import swap_mentions
-from edgekit.model import JointModel, count_params, param_bytes
+from edgekit.model import JointModel, count_params, enable_word_pool, param_bytes
 from edgekit.record import PassRecord
+from edgekit.runtime.tokenizer import WORD_START
 from edgekit.training import (
     IGNORE,
     _progress,
@@ -63,6 +64,8 @@ class DistillConfig:
     max_len: int = 128
     seed: int = 0
     steps_limit: int | None = None
+    # The student's slot head reads the mean of each word's pieces, not the first piece alone (JointModel.pool_words).
+    word_pool: bool = False
     # Dev metrics of a model, used to keep the best epoch (the pipeline passes its own evaluation: the decoding
     # graph the package ships). None: plain per-word argmax.
     evaluate: Callable[[JointModel], dict] | None = field(default=None, repr=False)
@@ -90,6 +93,14 @@ def novel_words(teacher_tokenizer, student_tokenizer, min_chars: int = 3) -> lis
     return out
 
 
+def continues_word(tokenizer) -> list[bool]:
+    """Per piece of a SentencePiece tokenizer: True when it continues a word (no `▁`; byte pieces too, since
+    they spell out a character inside a word), False for word-start pieces and specials."""
+    sp = tokenizer.sp
+    return [sp.is_byte(i) or not (sp.is_control(i) or sp.is_unknown(i) or sp.id_to_piece(i).startswith(WORD_START))
+            for i in range(sp.get_piece_size())]
+
+
 def _word_positions(feats, i: int) -> list[int]:
     """Positions of each kept word's first piece in example i (word order)."""
     return [p for p, w in enumerate(feats.encodings[i].word_index) if w >= 0]
@@ -108,7 +119,7 @@ def teacher_targets(teacher: JointModel, feats, pad_id: int, layer_map: list[int
         idx = order[s:s + batch]
         ids, mask, _, _ = collate(feats, idx, pad_id)
         states = teacher.encode(ids, mask)
-        out = teacher.heads(states[-1])
+        out = teacher.heads(states[-1], ids, mask)
         intents[idx] = out[0]
         for b, i in enumerate(idx):
             pos = _word_positions(feats, i)
@@ -132,6 +143,8 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     rec = PassRecord("distill", params_before=count_params(model), bytes_before=param_bytes(model))
+    if cfg.word_pool and model.cfg.n_slots:
+        enable_word_pool(model, continues_word(cfg.student_tokenizer))
     novel = novel_words(cfg.teacher_tokenizer, cfg.student_tokenizer) if cfg.novel_share > 0 else None
     train = cfg.train + swap_mentions(cfg.train, round(cfg.augment * len(cfg.train)), cfg.seed, novel, cfg.novel_share)
     s_feats = featurize(train, cfg.student_tokenizer, cfg.labels, cfg.max_len)
@@ -161,7 +174,7 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
         for idx in epoch_batches(len(s_feats.ids), cfg.batch_size, steps, rng, lengths):
             ids, mask, intents, slots = collate(s_feats, idx, cfg.student_tokenizer.pad_id)
             states = model.encode(ids, mask)
-            out = model.heads(states[-1])
+            out = model.heads(states[-1], ids, mask)
             loss = kd_loss(out[0], t_intent[idx], intents, cfg.temperature, cfg.alpha)
             # Truncation may keep fewer words on one side: match the words both kept.
             n = [min(len(s_pos[i]), len(t_pos_n[i])) for i in idx]
@@ -202,7 +215,7 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
     rec.params_after, rec.bytes_after = count_params(model), param_bytes(model)
     rec.extra.update(curve=curve, temperature=cfg.temperature, alpha=cfg.alpha, epochs=cfg.epochs, lr=cfg.lr,
                      augmented=len(train) - len(cfg.train), novel_share=cfg.novel_share,
-                     novel_words=len(novel or []),
+                     novel_words=len(novel or []), word_pool=model.cfg.word_pool,
                      hidden_weight=cfg.hidden_weight if layer_map else 0.0, layer_map=layer_map)
     rec.seconds = time.perf_counter() - t0
     return model, rec

@@ -67,6 +67,8 @@ def build(
                                                     "a share of train (android: see devices/android.toml)."),
     distill_novel: Optional[float] = typer.Option(None, help="Share of swapped open-class slot values made of "
                                                   "words unseen in the data (split into pieces by the student)."),
+    word_pool: Optional[bool] = typer.Option(None, "--word-pool/--no-word-pool", help="The student's slot head "
+                                             "reads the mean of each word's pieces (android, ios: on)."),
     temperature: Optional[float] = typer.Option(None, help="Distillation temperature T."),
     alpha: Optional[float] = typer.Option(None, help="Weight of the teacher's soft targets (1 - alpha: gold)."),
     max_retries: Optional[int] = typer.Option(None, help="Gate back-offs before the build stops."),
@@ -100,7 +102,7 @@ def build(
                       oos_far=oos_far,
                       compress={"vocab_budget": vocab_budget, "param_share": param_share, "prune_layers": prune_layers,
                                 "distill_epochs": distill_epochs, "distill_augment": distill_augment,
-                                "distill_novel": distill_novel,
+                                "distill_novel": distill_novel, "word_pool": word_pool,
                                 "temperature": temperature, "alpha": alpha, "max_retries": max_retries},
                       quantize={k: v for k, v in {"keep_fp32": keep_fp32, "calib_samples": calib_samples,
                                                   "method": calib_method, "embedding_bits": embedding_bits}.items()

@@ -34,6 +34,8 @@ class ModelConfig:
     n_intents: int = 2
     n_slots: int = 0  # 0: intent-only, the slot head is omitted
     emb_rank: int | None = None  # factorised word embedding: (V, r) table then a (r -> H) projection
+    # The slot head reads the mean of each word's pieces instead of its first piece alone (`enable_word_pool`).
+    word_pool: bool = False
 
     def __post_init__(self):
         if len(self.heads) != len(self.ffn):
@@ -112,6 +114,9 @@ class JointModel(nn.Module):
         self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.layers))
         self.intent_head = nn.Linear(cfg.hidden, cfg.n_intents)
         self.slot_head = nn.Linear(cfg.hidden, cfg.n_slots) if cfg.n_slots else None
+        if cfg.word_pool:
+            # 1.0 for a piece that continues a word, 0.0 for one that starts a word (or a special).
+            self.register_buffer("cont", torch.zeros(cfg.vocab_size))
         self.apply(self._init)
 
     @staticmethod
@@ -138,14 +143,32 @@ class JointModel(nn.Module):
         return states
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        return self.heads(self.encode(input_ids, attention_mask)[-1])
+        return self.heads(self.encode(input_ids, attention_mask)[-1], input_ids, attention_mask)
 
-    def heads(self, h: torch.Tensor):
+    def heads(self, h: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         """Joint heads on the last hidden state h (B, T, H)."""
         intent = self.intent_head(self.drop(h[:, 0]))  # (B, I)
         if self.slot_head is None:
             return (intent,)
+        if self.cfg.word_pool:
+            h = self.pool_words(h, input_ids, attention_mask)
         return intent, self.slot_head(self.drop(h))  # (B, I), (B, T, S)
+
+    def pool_words(self, h: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Each piece's state replaced by the mean over its word's pieces; (B, T, H) -> (B, T, H).
+
+        Why: a word the vocabulary splits ("▁ke" "lis") is tagged on its first piece, which then has to carry the
+        whole word; the mean lets every piece speak for it. One-piece words are unchanged. Only elementwise ops
+        and activation-by-activation matmuls after the cumsum, so XNNPACK takes them and no INT8 pass treats them
+        as a weight layer.
+        """
+        word = (1.0 - self.cont[input_ids]).cumsum(1)  # (B, T): word number of each piece
+        # 1 where pieces i and j share a word, else 0: word numbers are whole, so |diff| is 0 or >= 1.
+        same = (1.0 - (word[:, :, None] - word[:, None, :]).abs()).clamp(min=0.0)  # (B, T, T)
+        keep = attention_mask[:, None, :].to(h.dtype)  # (B, 1, T)
+        same = same * keep
+        count = same @ keep.transpose(1, 2)  # (B, T, 1): pieces in each piece's word
+        return (same @ h) / count.clamp(min=1.0)
 
 
 def count_params(model: nn.Module, embeddings: bool = True) -> int:
@@ -271,12 +294,22 @@ def gather_embeddings(model: JointModel, rows: list[int] | torch.Tensor, max_pos
     old = model.word_emb.weight.data
     model.word_emb = nn.Embedding(len(rows), old.shape[1])
     model.word_emb.weight.data.copy_(old[rows])
+    if model.cfg.word_pool:
+        model.cont = model.cont[rows]
     model.cfg.vocab_size = len(rows)
     if max_positions is not None and max_positions < model.cfg.max_positions:
         pos = model.pos_emb.weight.data[:max_positions].clone()
         model.pos_emb = nn.Embedding(max_positions, pos.shape[1])
         model.pos_emb.weight.data.copy_(pos)
         model.cfg.max_positions = max_positions
+
+
+def enable_word_pool(model: JointModel, continues: list[bool]) -> None:
+    """Make the slot head read the mean of each word's pieces; continues[i]: piece i continues a word. In place."""
+    if len(continues) != model.cfg.vocab_size:
+        raise ValueError(f"{len(continues)} piece flags for a vocabulary of {model.cfg.vocab_size}")
+    model.cfg.word_pool = True
+    model.register_buffer("cont", torch.tensor(continues, dtype=torch.float32, device=model.word_emb.weight.device))
 
 
 def embedding_params(model: JointModel) -> int:

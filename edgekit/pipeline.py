@@ -58,7 +58,7 @@ STAGES = ("teacher", "trim_vocab", "prune", "distill", "quantize", "export", "fu
 COMPRESS_DEFAULTS = {"vocab_budget": None, "param_share": 0.25, "total_share": 1.0, "max_retries": 2, "backoff": 1.2,
                      "distill_epochs": 8, "distill_lr": 4e-4, "temperature": 4.0, "alpha": 0.7, "hidden_weight": 1.0,
                      "prune_samples": 512, "prune_layers": 0, "embedding_rank": None, "distill_augment": 0.0,
-                     "distill_novel": 0.0}
+                     "distill_novel": 0.0, "word_pool": False}
 MODEL_FILES = {"executorch": "model.pte", "onnx": "model.onnx"}
 CHECKPOINTS = "checkpoints"
 STATE = "state.json"
@@ -672,7 +672,7 @@ def stage_distill(ctx: Context) -> tuple[dict, PassRecord]:
                             alpha=c["alpha"], hidden_weight=c["hidden_weight"], layer_map=layer_map,
                             epochs=c["distill_epochs"], lr=c["distill_lr"], seed=ctx.cfg.seed,
                             max_len=ctx.max_len, augment=c["distill_augment"],
-                            novel_share=c["distill_novel"],
+                            novel_share=c["distill_novel"], word_pool=bool(c["word_pool"]),
                             steps_limit=ctx.cfg.train.steps_limit,
                             evaluate=lambda m: ctx.evaluate(m, ctx.tokenizer, "dev"))  # epochs chosen as shipped
         model, rec = distill(copy.deepcopy(ctx.model), cfg)

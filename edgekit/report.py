@@ -107,7 +107,8 @@ def _compression(rep: dict) -> list[str]:
         c = rep["compress"]
         lines.append(f"Profile settings: vocabulary budget {c.get('vocab_budget') or 'none'}, parameter share "
                      f"{c.get('param_share')} (non-embedding) / {c.get('total_share')} (total), distillation "
-                     f"T = {c.get('temperature')}, α = {c.get('alpha')}, {c.get('distill_epochs')} epochs; "
+                     f"T = {c.get('temperature')}, α = {c.get('alpha')}, {c.get('distill_epochs')} epochs"
+                     + (", slot head on the mean of each word's pieces" if c.get("word_pool") else "") + "; "
                      f"accuracy budget against the teacher on dev: {rep.get('budget', {})}.")
         lines.append("")
     if "trim_vocab" in passes:

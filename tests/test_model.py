@@ -69,3 +69,24 @@ def test_factorized_embedding_is_exact_at_full_rank_and_smaller_below(tmp_path):
     assert torch.isfinite(low(x, torch.ones_like(x))[0]).all() and not torch.equal(low(x, torch.ones_like(x))[0], ref)
     save_model(low, tmp_path / "low.safetensors")
     assert load_model(tmp_path / "low.safetensors").cfg.emb_rank == 7
+
+
+def test_word_pool_feeds_the_slot_head_each_words_mean(tmp_path):
+    from edgekit.model import enable_word_pool
+
+    torch.manual_seed(0)
+    m = JointModel(ModelConfig(vocab_size=12, hidden=8, heads=[2], ffn=[16], head_dim=4, n_intents=2,
+                               n_slots=3)).eval()
+    ids = torch.tensor([[2, 4, 5, 9, 6, 3, 0]])  # [CLS] w0 w1(5 + 9) w2 [SEP] pad; piece 9 continues a word
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0]])
+    plain = m(ids, mask)[1]
+    with pytest.raises(ValueError, match="piece flags"):
+        enable_word_pool(m, [False] * 5)
+    enable_word_pool(m, [i == 9 for i in range(12)])
+    intent, pooled = m(ids, mask)
+    h = m.encode(ids, mask)[-1]
+    assert torch.allclose(pooled[0, 2], m.slot_head(h[0, 2:4].mean(0)), atol=1e-5)  # the split word: its mean
+    assert torch.allclose(pooled[0, [1, 4]], plain[0, [1, 4]], atol=1e-5)  # one-piece words: unchanged
+    save_model(m, tmp_path / "m.safetensors")
+    m2 = load_model(tmp_path / "m.safetensors")
+    assert m2.cfg.word_pool and torch.equal(m2(ids, mask)[1], pooled)

@@ -88,3 +88,21 @@ def test_distill_keeps_the_epoch_its_evaluate_scores_best():
     assert rec.extra["curve"][1]["dev"]["slot_f1_argmax"] == 0.4
     assert all(torch.equal(v, calls[1][k]) for k, v in model.state_dict().items())
     assert not all(torch.equal(v, calls[2][k]) for k, v in model.state_dict().items())
+
+
+def test_continues_word_flags_pieces_inside_words_only():
+    from edgekit.converters.distill import continues_word
+
+    tok, _ = from_wordpiece(make_vocab(["play", "kelis"]))
+    flags = continues_word(tok)
+    piece = {tok.sp.id_to_piece(i): f for i, f in enumerate(flags)}
+    assert len(flags) == tok.vocab_size
+    assert not piece["▁play"] and not piece["[CLS]"] and not piece["<pad>"] and piece["<0x41>"]
+    ids = tok.word_ids("kelisplay")  # a word the vocabulary splits: only its first piece starts it
+    assert len(ids) > 1 and [flags[i] for i in ids] == [False] + [True] * (len(ids) - 1)
+
+
+def test_distill_with_word_pool_gives_a_pooled_student():
+    student, rec = one_layer_self_distillation(epochs=1, word_pool=True)
+    assert student.cfg.word_pool and student.cont.shape == (student.cfg.vocab_size,) and student.cont.sum() > 0
+    assert rec.extra["curve"][0]["train_loss"] > 0

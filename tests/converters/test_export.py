@@ -9,10 +9,15 @@ from edgekit.model import JointModel, ModelConfig
 L = 16
 
 
-def tiny(n_slots=5):
+def tiny(n_slots=5, word_pool=False):
     torch.manual_seed(0)
-    return JointModel(ModelConfig(vocab_size=60, hidden=16, heads=[2, 4], ffn=[32, 16], head_dim=4, n_intents=3,
-                                  n_slots=n_slots)).eval()
+    m = JointModel(ModelConfig(vocab_size=60, hidden=16, heads=[2, 4], ffn=[32, 16], head_dim=4, n_intents=3,
+                               n_slots=n_slots)).eval()
+    if word_pool:
+        from edgekit.model import enable_word_pool
+
+        enable_word_pool(m, [i % 3 == 0 for i in range(60)])  # a third of the pieces continue a word
+    return m
 
 
 def inputs(n=4):
@@ -45,6 +50,18 @@ def test_onnx_export_matches_eager(tmp_path, n_slots):
     g = onnx.load(str(tmp_path / "m.onnx")).graph
     assert [d.dim_value for d in g.input[0].type.tensor_type.shape.dim] == [1, L]  # fixed shape
     assert [o.name for o in g.output] == (["intent_logits", "slot_logits"] if n_slots else ["intent_logits"])
+
+
+def test_word_pooled_model_exports_to_both_runtimes(tmp_path):
+    m = tiny(word_pool=True)
+    ids = torch.tensor(inputs()[0][0])
+    assert not torch.equal(m(ids, torch.ones_like(ids))[1], tiny()(ids, torch.ones_like(ids))[1])  # pooling acts
+    rec = export_executorch(m, ExecuTorchExportConfig(L), tmp_path / "m.pte", inputs())
+    assert rec.extra["parity"]["max_abs_diff"] < 1e-4 and rec.extra["parity"]["slot_argmax_agree"] == 1.0
+    # The pooling after the word-number cumsum is elementwise ops and matmuls: XNNPACK takes all of it.
+    assert not {"aten.eq.Tensor", "aten.sum.dim_IntList", "aten.bmm.default"} & set(rec.extra["undelegated_ops"])
+    rec = export_onnx(m, OnnxExportConfig(L), tmp_path / "m.onnx", inputs())
+    assert rec.extra["parity"]["max_abs_diff"] < 1e-4 and rec.extra["parity"]["slot_argmax_agree"] == 1.0
 
 
 def test_parity_detects_a_wrong_artifact():

@@ -193,3 +193,22 @@ def test_onnx_int8_of_a_decoded_graph_keeps_its_integer_tables(tmp_path):
         assert all(not t.startswith("I-") or p[2:] == t[2:] for p, t in zip(["O"] + names, names))  # valid BIO
     agree = np.mean([fp.run(*x)[0][0] == q.run(*x)[0][0] for x in inputs])
     assert agree >= 0.5
+
+
+def test_word_pooled_model_quantizes_only_its_linears(tmp_path):
+    """The word pooling's matmuls multiply activations (no weight): INT8 leaves them FP32 in both runtimes."""
+    from edgekit.converters.export_executorch import ExecuTorchExportConfig, export_executorch
+    from edgekit.converters.export_onnx import OnnxExportConfig, export_onnx
+    from edgekit.converters.quantize_onnx import quantize_onnx
+    from edgekit.model import enable_word_pool
+
+    m = tiny()
+    enable_word_pool(m, [i % 4 == 0 for i in range(80)])
+    q, _ = quantize_executorch(m, QuantizeConfig(embedding_bits=4, embedding_group=8), calib())
+    checks = [[ids[:1].numpy(), mask[:1].numpy()] for ids, mask in calib(3, 1, seed=2)]
+    rec = export_executorch(q, ExecuTorchExportConfig(T), tmp_path / "m.pte", checks)
+    assert rec.extra["delegated_share"] >= 0.95, rec.extra
+    export_onnx(m, OnnxExportConfig(T), tmp_path / "m.onnx", checks)
+    cal = [[ids[k:k + 1].numpy(), mask[k:k + 1].numpy()] for ids, mask in calib() for k in range(len(ids))]
+    orec = quantize_onnx(tmp_path / "m.onnx", tmp_path / "q.onnx", QuantizeConfig(method="minmax"), cal)
+    assert orec.extra["quantized_matmuls"] == len(linear_names(m))
