@@ -146,7 +146,7 @@ class JointModel(nn.Module):
         return self.heads(self.encode(input_ids, attention_mask)[-1], input_ids, attention_mask)
 
     def heads(self, h: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        """Joint heads on the last hidden state h (B, T, H)."""
+        """Joint heads on the last hidden state h (B, T, H); the ids and mask (B, T) locate words for word pooling."""
         intent = self.intent_head(self.drop(h[:, 0]))  # (B, I)
         if self.slot_head is None:
             return (intent,)

@@ -90,3 +90,7 @@ def test_word_pool_feeds_the_slot_head_each_words_mean(tmp_path):
     save_model(m, tmp_path / "m.safetensors")
     m2 = load_model(tmp_path / "m.safetensors")
     assert m2.cfg.word_pool and torch.equal(m2(ids, mask)[1], pooled)
+    from edgekit.model import gather_embeddings
+
+    gather_embeddings(m2, [0, 9, 2])  # a vocabulary trimmed later keeps each kept piece's flag
+    assert m2.cont.tolist() == [0.0, 1.0, 0.0] and m2.cfg.vocab_size == 3
