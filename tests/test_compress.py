@@ -27,6 +27,7 @@ param_share = 0.5
 max_retries = 3
 distill_epochs = 3
 distill_lr = 0.005
+word_pool = true
 """
     p = tmp_path / "phone.toml"
     p.write_text(text)
@@ -70,6 +71,7 @@ def test_full_compression_build_and_resume(tmp_path, tiny_bert):
     assert rows["distill"]["params"] < rows["trim_vocab"]["params"] < rows["teacher"]["params"]
     distill = next(p for p in rep["passes"] if p["name"] == "distill")
     assert distill["extra"]["share_of_teacher_nonembedding"] <= 0.5 + 1e-9
+    assert distill["extra"]["word_pool"]  # the exported, packaged and reloaded student pools its words
     md = (out / "report.md").read_text()
     assert "| prune |" in md and "| distill |" in md
     # resume after distill: the student is reloaded, only export and package run again
