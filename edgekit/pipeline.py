@@ -233,6 +233,15 @@ def _base_model_dir(cfg: BuildConfig) -> Path:
     return Path(cfg.base_model) if cfg.base_model else default_base_model()
 
 
+def seed_everything(seed: int) -> None:
+    """Seed every generator a stage may draw from, before it creates any module (fresh heads included)."""
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def stage_teacher(ctx: Context) -> tuple[dict, PassRecord]:
     model = load_pretrained(_base_model_dir(ctx.cfg), len(ctx.data.intents), len(ctx.data.slot_tags))
     gather_embeddings(model, ctx.base_rows)  # WordPiece rows -> the teacher's SentencePiece ids
@@ -845,6 +854,7 @@ def build(cfg: BuildConfig, on_stage=None) -> dict:
         shutil.rmtree(ctx.ckpt_dir)
     for name in ctx.stages[len(ctx.done):]:  # after the stages that completed in order, everything runs again
         log.info("stage %s", name)
+        seed_everything(cfg.seed)  # each stage starts from the same state, whichever stages ran before it
         try:
             row, rec = STAGE_FUNCS[name](ctx)
         except ValueError as e:  # a pass config that cannot hold for this data (e.g. a budget below its floor)

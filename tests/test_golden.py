@@ -1,0 +1,95 @@
+"""Golden build: a fixed-seed tiny build whose answers on every test utterance, through both runtimes, are pinned.
+
+A refactor of the build must not change them. To record them again after a deliberate change of behaviour:
+`python -m tests.test_golden` (and say why in the commit).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .conftest import DEMO, write_tiny_bert
+
+GOLDEN = Path(__file__).parent / "golden" / "tiny_build.json"
+STAGES = ["teacher", "trim_vocab", "prune", "distill", "quantize", "export", "fuse", "package"]
+PROFILE = """name = "golden"
+description = "tiny golden profile"
+runtimes = ["executorch", "onnx"]
+primary_runtime = "executorch"
+stages = ["teacher", "trim_vocab", "prune", "distill", "quantize", "export", "fuse", "package"]
+[budget]
+intent_drop_pts = 100.0
+slot_f1_drop_pts = 100.0
+[compress]
+vocab_budget = 340
+param_share = 0.5
+total_share = 1.0
+max_retries = 0
+distill_epochs = 3
+distill_lr = 0.005
+distill_augment = 0.5
+word_pool = true
+[quantize]
+calib_samples = 32
+embedding_bits = 4
+weight4 = ["*.fc1"]
+max_fallback = 0
+"""
+
+
+def golden_data(folder: Path) -> Path:
+    """A few dozen demo utterances with fixed splits: per intent 16 train, 3 dev, 4 test."""
+    rows, seen = [], {}
+    for line in DEMO.read_text().splitlines():
+        r = json.loads(line)
+        k = seen.get(r["intent"], 0)
+        if k < 23:
+            r["split"] = "train" if k < 16 else "dev" if k < 19 else "test"
+            rows.append(r)
+            seen[r["intent"]] = k + 1
+    path = folder / "golden.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return path
+
+
+def golden_build(folder: Path) -> dict:
+    """Build the golden package in `folder`; return every test utterance's answer through both runtimes."""
+    from edgekit.data import load_dataset
+    from edgekit.pipeline import BuildConfig, build
+    from edgekit.runtime import Package, Predictor
+    from edgekit.training import TrainConfig
+
+    data = golden_data(folder)
+    words = [w.lower() for line in DEMO.read_text().splitlines() for w in json.loads(line)["text"].split()]
+    base = write_tiny_bert(folder / "bert", words)
+    (folder / "golden.toml").write_text(PROFILE)
+    build(BuildConfig(data=str(data), out=str(folder / "pkg"), base_model=str(base), target=str(folder / "golden.toml"),
+                      seed=3, train=TrainConfig(epochs=8, batch_size=16, lr=5e-3, head_lr=1e-2, seed=3)))
+    pkg = Package.load(folder / "pkg")
+    test = load_dataset(data).splits["test"]
+    out = {}
+    for rt in ("executorch", "onnx"):
+        p = Predictor.open(pkg, rt)
+        out[rt] = [{"text": ex.text, **{k: a[k] for k in ("intent", "tags") if k in a},
+                    "confidence": round(a["confidence"], 4)}
+                   for ex in test for a in [p.predict(ex.text, warn=False, reject=False)]]
+    return out
+
+
+def test_golden_build_answers_are_unchanged(tmp_path):
+    want = json.loads(GOLDEN.read_text())
+    got = golden_build(tmp_path)
+    for rt in want:
+        assert len(got[rt]) == len(want[rt]) >= 40
+        for g, w in zip(got[rt], want[rt]):
+            assert (g["text"], g["intent"], g.get("tags")) == (w["text"], w["intent"], w.get("tags")), rt
+            assert abs(g["confidence"] - w["confidence"]) <= 2e-4, (rt, g, w)
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        GOLDEN.write_text(json.dumps(golden_build(Path(d)), indent=1, ensure_ascii=False) + "\n")
+    print(f"recorded {GOLDEN}")
