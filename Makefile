@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(BIN)/edgekit build --task intent --target android --data examples/demo_intents.jsonl --out build/demo --epochs 8
+	$(BIN)/edgekit build --task intent --target android --data examples/demo_intents.jsonl --out build/demo --set teacher.epochs=8
 	$(BIN)/edgekit predict build/demo "wake me up at 6:30 tomorrow"
 	$(BIN)/edgekit predict build/demo "play bohemian rhapsody by queen on spotify" --runtime onnx
 

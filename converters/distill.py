@@ -12,7 +12,7 @@ import copy
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from edgekit.data import swap_mentions
 from edgekit.model import JointModel, count_params, enable_word_pool, param_bytes
-from edgekit.record import PassRecord
+from edgekit.record import PassRecord, PassResult
 from edgekit.runtime.tokenizer import WORD_START
 from edgekit.training import (
     IGNORE,
@@ -37,48 +37,62 @@ from edgekit.training import (
 
 
 @dataclass
+class DistillInputs:
+    """The live inputs of a distillation: the teacher and its tokenizer, the student's tokenizer, the data."""
+
+    teacher: JointModel
+    teacher_tokenizer: object
+    student_tokenizer: object
+    train: list  # Examples
+    dev: list
+    labels: dict
+    max_len: int = 128  # the package's sequence length
+    # Teacher hidden-state index (0 = embeddings, k = after layer k) matched by each student layer's output;
+    # None: no hidden-state matching. Set from the layers pruning kept.
+    layer_map: list[int] | None = None
+    # Dev metrics of a model, used to keep the best epoch (the build passes its own evaluation: the decoding
+    # graph the package ships). None: plain per-word argmax.
+    evaluate: Callable[[JointModel], dict] | None = None
+
+
+@dataclass
 class DistillConfig:
-    teacher: JointModel = field(repr=False)
-    teacher_tokenizer: object = field(repr=False)
-    student_tokenizer: object = field(repr=False)
-    train: list = field(repr=False)  # Examples
-    dev: list = field(repr=False)
-    labels: dict = field(repr=False)
+    """Distillation hyperparameters (the `[distill]` table). Defaults: measured on SNIPS (docs/passes.md)."""
+
     temperature: float = 4.0
     alpha: float = 0.7  # weight of the soft (teacher) targets
     hidden_weight: float = 1.0  # weight of hidden-state matching (0: logits only)
     # Extra training utterances, as a share of train, made by swapping slot values (edgekit.data.swap_mentions);
     # the teacher labels them like the rest.
-    augment: float = 0.0
+    augment: float = 1.0
     # Share of the open-class slot values in those utterances made of words the teacher's vocabulary has whole
     # and the student's does not: unseen names, split into small pieces, as the test data will have.
-    novel_share: float = 0.0
-    # Teacher hidden-state index (0 = embeddings, k = after layer k) matched by each student layer's output;
-    # None: no hidden-state matching. Set from the layers pruning kept.
-    layer_map: list[int] | None = None
-    epochs: int = 8
+    novel: float = 0.5
+    epochs: int = 10
     batch_size: int = 32
     lr: float = 4e-4
     weight_decay: float = 0.01
     warmup: float = 0.06
-    max_len: int = 128
     seed: int = 0
     steps_limit: int | None = None
     # The student's slot head reads the mean of each word's pieces, not the first piece alone (JointModel.pool_words).
     word_pool: bool = False
-    # Dev metrics of a model, used to keep the best epoch (the pipeline passes its own evaluation: the decoding
-    # graph the package ships). None: plain per-word argmax.
-    evaluate: Callable[[JointModel], dict] | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.temperature <= 0:
-            raise ValueError("temperature must be > 0")
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if not 0 <= self.alpha <= 1:
-            raise ValueError("alpha must be in [0, 1]")
+            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
         if self.epochs < 1:
-            raise ValueError("epochs must be >= 1")
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
         if self.augment < 0:
-            raise ValueError("augment must be >= 0")
+            raise ValueError(f"augment must be >= 0, got {self.augment}")
+        if not 0 <= self.novel <= 1:
+            raise ValueError(f"novel must be in [0, 1], got {self.novel}")
+        if not 0 < self.lr < 1 or self.batch_size < 1:
+            raise ValueError(f"lr must be in (0, 1) and batch_size >= 1, got {self.lr}, {self.batch_size}")
+        if self.hidden_weight < 0:
+            raise ValueError(f"hidden_weight must be >= 0, got {self.hidden_weight}")
 
 
 def novel_words(teacher_tokenizer, student_tokenizer, min_chars: int = 3) -> list[str]:
@@ -137,25 +151,26 @@ def kd_loss(student: torch.Tensor, teacher: torch.Tensor, hard: torch.Tensor, T:
     return alpha * soft + (1 - alpha) * hard_loss
 
 
-def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassRecord]:
+def distill(model: JointModel, inputs: DistillInputs, cfg: DistillConfig) -> PassResult:
     """Train `model` (the student) on the teacher's soft targets; keep the best dev checkpoint."""
     t0 = time.perf_counter()
+    x = inputs
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     rec = PassRecord("distill", params_before=count_params(model), bytes_before=param_bytes(model))
     if cfg.word_pool and model.cfg.n_slots:
-        enable_word_pool(model, continues_word(cfg.student_tokenizer))
-    novel = novel_words(cfg.teacher_tokenizer, cfg.student_tokenizer) if cfg.novel_share > 0 else None
-    train = cfg.train + swap_mentions(cfg.train, round(cfg.augment * len(cfg.train)), cfg.seed, novel, cfg.novel_share)
-    s_feats = featurize(train, cfg.student_tokenizer, cfg.labels, cfg.max_len)
-    t_feats = featurize(train, cfg.teacher_tokenizer, cfg.labels, cfg.max_len)
-    layer_map = cfg.layer_map if cfg.hidden_weight > 0 else None
+        enable_word_pool(model, continues_word(x.student_tokenizer))
+    novel = novel_words(x.teacher_tokenizer, x.student_tokenizer) if cfg.novel > 0 else None
+    train = x.train + swap_mentions(x.train, round(cfg.augment * len(x.train)), cfg.seed, novel, cfg.novel)
+    s_feats = featurize(train, x.student_tokenizer, x.labels, x.max_len)
+    t_feats = featurize(train, x.teacher_tokenizer, x.labels, x.max_len)
+    layer_map = x.layer_map if cfg.hidden_weight > 0 else None
     if layer_map is not None and len(layer_map) != model.cfg.layers:
         raise ValueError(f"layer_map has {len(layer_map)} entries for a {model.cfg.layers}-layer student")
-    t_intent, t_words, t_hidden = teacher_targets(cfg.teacher, t_feats, cfg.teacher_tokenizer.pad_id, layer_map)
+    t_intent, t_words, t_hidden = teacher_targets(x.teacher, t_feats, x.teacher_tokenizer.pad_id, layer_map)
     s_pos = [_word_positions(s_feats, i) for i in range(len(s_feats.ids))]
     t_pos_n = [_word_positions(t_feats, i) for i in range(len(t_feats.ids))]
-    tag_id = {t: k for k, t in enumerate(cfg.labels["slot_tags"])}
+    tag_id = {t: k for k, t in enumerate(x.labels["slot_tags"])}
     word_tags = [[tag_id.get(t, IGNORE) for t in (ex.tags or [])] for ex in train]
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -172,7 +187,7 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
         model.train()
         losses = []
         for idx in epoch_batches(len(s_feats.ids), cfg.batch_size, steps, rng, lengths):
-            ids, mask, intents, slots = collate(s_feats, idx, cfg.student_tokenizer.pad_id)
+            ids, mask, intents, slots = collate(s_feats, idx, x.student_tokenizer.pad_id)
             states = model.encode(ids, mask)
             out = model.heads(states[-1], ids, mask)
             loss = kd_loss(out[0], t_intent[idx], intents, cfg.temperature, cfg.alpha)
@@ -200,8 +215,8 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
             bar.update(1)
             bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(losses[-50:]):.4f}", refresh=False)
         model.eval()
-        m = cfg.evaluate(model) if cfg.evaluate else score(
-            cfg.dev, predict_eager(model, cfg.dev, cfg.student_tokenizer, cfg.labels, cfg.max_len), cfg.labels)
+        m = x.evaluate(model) if x.evaluate else score(
+            x.dev, predict_eager(model, x.dev, x.student_tokenizer, x.labels, x.max_len), x.labels)
         curve.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)) if losses else None,
                       "dev": {k: m[k] for k in ("intent_acc", "slot_f1", "slot_f1_argmax", "exact_match") if k in m}})
         bar.write(f"distill epoch {epoch + 1}: loss {curve[-1]['train_loss']:.4f}  dev intent {m['intent_acc']:.4f}"
@@ -214,8 +229,8 @@ def distill(model: JointModel, cfg: DistillConfig) -> tuple[JointModel, PassReco
     model.eval()
     rec.params_after, rec.bytes_after = count_params(model), param_bytes(model)
     rec.extra.update(curve=curve, temperature=cfg.temperature, alpha=cfg.alpha, epochs=cfg.epochs, lr=cfg.lr,
-                     augmented=len(train) - len(cfg.train), novel_share=cfg.novel_share,
+                     augmented=len(train) - len(x.train), novel_share=cfg.novel,
                      novel_words=len(novel or []), word_pool=model.cfg.word_pool,
                      hidden_weight=cfg.hidden_weight if layer_map else 0.0, layer_map=layer_map)
     rec.seconds = time.perf_counter() - t0
-    return model, rec
+    return PassResult(model, rec)

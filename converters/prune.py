@@ -10,38 +10,34 @@ until the non-embedding parameter target is met. The result is a real, smaller m
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from edgekit.model import JointModel, ModelConfig, count_params, param_bytes
-from edgekit.record import PassRecord
+from edgekit.record import PassRecord, PassResult
 
 
 @dataclass
 class PruneConfig:
     target_params: int  # non-embedding parameters to keep (at most)
-    batches: list = field(default_factory=list, repr=False)  # (ids, mask, intents, slots) calibration batches
-    loss_fn: object = field(default=None, repr=False)  # (outputs, intents, slots) -> scalar loss
     drop_layers: int = 0  # whole layers removed first, those whose removal raises the task loss least
     min_heads: int = 0  # per surviving layer
 
     def __post_init__(self):
         if self.target_params <= 0:
             raise ValueError("target_params must be positive")
-        if not self.batches or self.loss_fn is None:
-            raise ValueError("prune needs calibration batches and a loss function")
 
 
-def importance(model: JointModel, cfg: PruneConfig) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def importance(model: JointModel, batches: list, loss_fn) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per layer: head scores (nh,) and FFN channel scores (ffn,)."""
     model.eval()  # no dropout: scores reflect the deterministic network
     heads = [torch.zeros(layer.attn.heads if layer.attn is not None else 0) for layer in model.layers]
     ffn = [torch.zeros(layer.fc1.out_features if layer.fc1 is not None else 0) for layer in model.layers]
-    for ids, mask, intents, slots in cfg.batches:
+    for ids, mask, intents, slots in batches:
         model.zero_grad(set_to_none=True)
-        cfg.loss_fn(model(ids, mask), intents, slots).backward()
+        loss_fn(model(ids, mask), intents, slots).backward()
         for i, layer in enumerate(model.layers):
             a = layer.attn
             if a is not None:
@@ -54,12 +50,12 @@ def importance(model: JointModel, cfg: PruneConfig) -> tuple[list[torch.Tensor],
 
 
 @torch.no_grad()
-def layer_sensitivity(model: JointModel, cfg: PruneConfig) -> list[float]:
+def layer_sensitivity(model: JointModel, batches: list, loss_fn) -> list[float]:
     """Loss increase on the calibration batches when each layer is skipped (the residual stream passes by)."""
     model.eval()
 
     def loss() -> float:
-        return sum(float(cfg.loss_fn(model(ids, mask), i, s)) for ids, mask, i, s in cfg.batches)
+        return sum(float(loss_fn(model(ids, mask), i, s)) for ids, mask, i, s in batches)
 
     base, layers, out = loss(), model.layers, []
     try:
@@ -147,13 +143,16 @@ def apply_plan(model: JointModel, keep_h: list[list[int]], keep_f: list[list[int
     return new
 
 
-def prune(model: JointModel, cfg: PruneConfig) -> tuple[JointModel, PassRecord]:
-    """Structured pruning to cfg.target_params non-embedding parameters."""
+def prune(model: JointModel, batches: list, loss_fn, cfg: PruneConfig) -> PassResult:
+    """Structured pruning to cfg.target_params non-embedding parameters. `batches`: (ids, mask, intents, slots)
+    task batches the importance is measured on; `loss_fn(outputs, intents, slots)`: the task loss."""
     t0 = time.perf_counter()
+    if not batches:
+        raise ValueError("prune needs task batches")
     rec = PassRecord("prune", params_before=count_params(model), bytes_before=param_bytes(model))
     before = count_params(model, embeddings=False)
-    heads, ffn = importance(model, cfg)
-    sens = layer_sensitivity(model, cfg) if cfg.drop_layers else []
+    heads, ffn = importance(model, batches, loss_fn)
+    sens = layer_sensitivity(model, batches, loss_fn) if cfg.drop_layers else []
     dropped = sorted(range(len(sens)), key=sens.__getitem__)[: cfg.drop_layers]
     for i in dropped:  # an emptied layer is removed whole by apply_plan; plan() then spends the rest
         heads[i], ffn[i] = heads[i][:0], ffn[i][:0]
@@ -169,4 +168,4 @@ def prune(model: JointModel, cfg: PruneConfig) -> tuple[JointModel, PassRecord]:
         rec.warnings.append(f"could not reach {cfg.target_params} non-embedding parameters "
                             f"({rec.extra['nonembedding_after']} left)")
     rec.seconds = time.perf_counter() - t0
-    return new, rec
+    return PassResult(new, rec)

@@ -10,25 +10,21 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from edgekit.model import JointModel, count_params, factorize_embeddings, gather_embeddings, param_bytes
-from edgekit.record import PassRecord
+from edgekit.record import PassRecord, PassResult
 from edgekit.runtime.tokenizer import WORD_START, SentencePieceTokenizer, basic_split
 from edgekit.vocab import N_FIXED, build_model_proto, normal_pieces
 
 
 @dataclass
 class TrimVocabConfig:
-    tokenizer: SentencePieceTokenizer = field(repr=False)  # the teacher's tokenizer (matches the model's rows)
-    corpus: list[str] = field(repr=False)  # task utterances: train + dev (+ --vocab-corpus lines)
     budget: int | None = None  # most pieces in the result, specials and bytes included; None: all task pieces
     max_positions: int | None = None  # also cut the position table to the package's sequence length
     embedding_rank: int | None = None  # also factorise the word embedding to this rank (SVD), None: keep (V, H)
 
     def __post_init__(self):
-        if not self.corpus:
-            raise ValueError("trim_vocab needs a non-empty corpus")
         if self.embedding_rank is not None and self.embedding_rank < 1:
             raise ValueError("embedding_rank must be >= 1")
         if self.budget is not None and self.budget <= N_FIXED:
@@ -71,15 +67,19 @@ def agreement(old: SentencePieceTokenizer, new: SentencePieceTokenizer, corpus: 
     return same / len(corpus)
 
 
-def trim_vocab(model: JointModel, cfg: TrimVocabConfig) -> tuple[JointModel, PassRecord]:
-    """Shrink `model`'s embedding to the task vocabulary. The new tokenizer is in record.artifacts['tokenizer']."""
+def trim_vocab(model: JointModel, tokenizer: SentencePieceTokenizer, corpus: list[str],
+               cfg: TrimVocabConfig) -> PassResult:
+    """Shrink `model`'s embedding to the pieces `tokenizer` (the model's own) produces on `corpus` (task
+    utterances). In place; the result carries the new tokenizer."""
     t0 = time.perf_counter()
-    tok = cfg.tokenizer
+    tok = tokenizer
+    if not corpus:
+        raise ValueError("trim_vocab needs a non-empty corpus")
     if model.cfg.vocab_size != tok.vocab_size:
         raise ValueError(f"model has {model.cfg.vocab_size} embedding rows, tokenizer {tok.vocab_size} pieces")
     rec = PassRecord("trim_vocab", params_before=count_params(model), bytes_before=param_bytes(model))
     emb_before = model.word_emb.weight.numel() * model.word_emb.weight.element_size()
-    counts, chars = piece_counts(tok, cfg.corpus)
+    counts, chars = piece_counts(tok, corpus)
     full = select_pieces(tok, counts, chars, None)
     kept = select_pieces(tok, counts, chars, cfg.budget) if cfg.budget else full
     new_tok = SentencePieceTokenizer(build_model_proto(kept), tok.lowercase)
@@ -98,13 +98,12 @@ def trim_vocab(model: JointModel, cfg: TrimVocabConfig) -> tuple[JointModel, Pas
                                       + (model.word_proj.weight.numel() if model.word_proj is not None else 0)),
         "embedding_rank": cfg.embedding_rank,
         "svd_energy_kept": energy,
-        "tokenization_agreement_full": agreement(tok, full_tok, cfg.corpus),
-        "tokenization_agreement_budget": agreement(tok, new_tok, cfg.corpus) if cfg.budget else None,
+        "tokenization_agreement_full": agreement(tok, full_tok, corpus),
+        "tokenization_agreement_budget": agreement(tok, new_tok, corpus) if cfg.budget else None,
         "max_positions": model.cfg.max_positions,
     }
     if rec.extra["tokenization_agreement_full"] < 0.99:
         rec.warnings.append(f"task-vocabulary tokenization matches the teacher's on only "
                             f"{rec.extra['tokenization_agreement_full']:.4f} of utterances")
-    rec.artifacts["tokenizer"] = new_tok
     rec.seconds = time.perf_counter() - t0
-    return model, rec
+    return PassResult(model, rec, new_tok)

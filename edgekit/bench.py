@@ -1,6 +1,6 @@
 """`edgekit bench`: single-utterance latency of a package, optionally against its FP32 teacher in the same run.
 
-The teacher comes from the build's checkpoints (OUT/checkpoints/teacher.safetensors), wrapped in the same
+The teacher comes from the build's stage cache (found through OUT/report.json), wrapped in the same
 decoding graph and exported the same way (ExecuTorch + XNNPACK, or ONNX, same fixed lengths), FP32. Both are
 timed in alternating blocks of 50 utterances on the same real test utterances (`paired_latency`): a shared CPU
 drifts by more than a run-to-run comparison could resolve, and alternating single calls would time the small
@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from edgekit.build.cache import built_entry
 from edgekit.data import load_dataset
 from edgekit.errors import EdgekitError
 from edgekit.runtime.package import Package, PackageError
@@ -22,7 +23,8 @@ from edgekit.runtime.predictor import Predictor, paired_latency
 
 
 def export_teacher(package: Path, runtime: str, dest: Path) -> Path:
-    """Export the build's FP32 teacher, with the package's decoding graph, for `runtime`; returns the file."""
+    """Export the build's FP32 teacher, with the package's decoding graph, for `runtime`; returns the file and
+    the teacher's tokenizer."""
     from edgekit.converters.decoding import config_from_record, with_decoding
     from edgekit.converters.export_executorch import ExecuTorchExportConfig, export_executorch
     from edgekit.converters.export_onnx import OnnxExportConfig, export_onnx
@@ -31,17 +33,17 @@ def export_teacher(package: Path, runtime: str, dest: Path) -> Path:
     from edgekit.runtime.tokenizer import SentencePieceTokenizer
 
     pkg = Package.load(package)
-    ckpt = package / "checkpoints"
-    state = ckpt / "state.json"
-    if not (ckpt / "teacher.safetensors").is_file() or not state.is_file():
-        raise EdgekitError(f"{ckpt}: no teacher checkpoint; --compare-teacher needs the build's checkpoints folder")
-    st = json.loads(state.read_text())
-    export = next((r for r in st["records"] if r["name"] == "export"), None)
+    built = built_entry(package, ("teacher",))
+    if built is None:
+        raise EdgekitError(f"{package}: the build's teacher is not in the stage cache (report.json names it); "
+                           "--compare-teacher needs the cache the package was built with")
+    entry, rep = built
+    export = next((r for r in rep["passes"] if r["name"] == "export"), None)
     if export is None:
-        raise EdgekitError(f"{state}: the build has no export record")
-    teacher = load_model(ckpt / "teacher.safetensors")
+        raise EdgekitError(f"{package / 'report.json'}: the build has no export record")
+    teacher = load_model(entry / "model.safetensors")
     decoded, _ = with_decoding(teacher, config_from_record(pkg.labels, export["extra"]["decoding"]))
-    tok = SentencePieceTokenizer.from_file(ckpt / "teacher.tokenizer.model")
+    tok = SentencePieceTokenizer.from_file(entry / "tokenizer.model")
     texts = ["play the latest song by queen", "what is the weather tomorrow", "book a table for two"]
     checks = [model_inputs(tok.encode(t, pkg.max_len), len(pkg.labels["intents"]), True) for t in texts]
     if runtime == "executorch":
@@ -51,7 +53,7 @@ def export_teacher(package: Path, runtime: str, dest: Path) -> Path:
     else:
         path = dest / "teacher.onnx"
         export_onnx(decoded, OnnxExportConfig(pkg.max_len), path, checks)
-    return path
+    return path, tok
 
 
 def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n: int = 200, threads: int = 1,
@@ -59,7 +61,6 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
     """p50/p99 of the package's model call on `n` utterances of `split`; with compare_teacher, the FP32 teacher
     exported the same way is timed in the same run and the speed-up (teacher p50 / package p50) reported."""
     from edgekit.runtime.backends import open_backend, set_threads
-    from edgekit.runtime.tokenizer import SentencePieceTokenizer
 
     package = Path(package)
     set_threads(threads)  # before any program loads (XNNPACK's pool)
@@ -77,9 +78,8 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
         out["package_latency"] = pred.latency(texts)
         return out
     with tempfile.TemporaryDirectory() as tmp:
-        path = export_teacher(package, runtime, Path(tmp))
+        path, tok = export_teacher(package, runtime, Path(tmp))
         backend = open_backend(runtime, path, threads, pkg.buckets(runtime))
-        tok = SentencePieceTokenizer.from_file(package / "checkpoints" / "teacher.tokenizer.model")
         teacher = Predictor(backend, tok, pkg.labels, pkg.max_len, decoding=True)
         lat, lat_t = paired_latency(pred, teacher, texts, block=50)
         out.update(package_latency=lat, teacher_latency=lat_t, teacher_bytes=path.stat().st_size,

@@ -7,7 +7,7 @@ import logging
 import sys
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -37,103 +37,60 @@ def _runtime(value: str) -> str:
 
 @app.command()
 def build(
-    data: Path = typer.Option(..., "--data", help="Dataset: JointBERT folder, CLINC150 JSON, CSV or JSONL."),
-    out: Path = typer.Option(..., "--out", help="Output folder: the package, report.json and report.md."),
-    task: str = typer.Option("intent", help="Task (intent: intent + slots when the data has slots)."),
-    target: str = typer.Option("android", help="Device profile from devices/*.toml (android, ios, server-gpu)."),
-    format: Optional[str] = typer.Option(None, "--format", help="Force the data format: jointbert|clinc|csv|jsonl."),
-    base_model: Optional[Path] = typer.Option(None, help="Local BERT-family folder (default: all-MiniLM-L6-v2)."),
-    epochs: int = typer.Option(5, help="Teacher fine-tuning epochs."),
-    batch_size: int = typer.Option(32, help="Teacher batch size."),
-    lr: float = typer.Option(1e-4, help="Encoder learning rate (heads use 10x)."),
-    max_len: Optional[int] = typer.Option(None, help="Fixed sequence length (default: p99 of the data, /8)."),
-    buckets: Optional[str] = typer.Option(None, help="Shorter fixed lengths exported beside --max-len as "
-                                          "ExecuTorch methods, e.g. 16 or 16,24; 'none' for one length "
-                                          "(default: p50 and p90 of the data, /8)."),
-    max_minutes: Optional[float] = typer.Option(None, help="Stop teacher training after this many minutes."),
-    steps_limit: Optional[int] = typer.Option(None, help="Cap optimizer steps per epoch (quick runs)."),
-    seed: int = typer.Option(0, help="Seed for splits, initialisation and shuffling."),
-    resume: bool = typer.Option(False, help="Continue after the last completed stage in OUT/checkpoints."),
-    stages: Optional[str] = typer.Option(None, help="Comma-separated stages (default: the target's), e.g. "
-                                         "teacher,export,package to skip compression."),
-    vocab_budget: Optional[int] = typer.Option(None, help="Most vocabulary pieces (0: all task pieces)."),
-    vocab_corpus: Optional[Path] = typer.Option(None, help="Extra text (one utterance per line) whose pieces the "
-                                                "trimmed vocabulary keeps."),
-    param_share: Optional[float] = typer.Option(None, help="Non-embedding parameters kept by pruning, as a share "
-                                                "of the teacher's (android: 0.25)."),
-    prune_layers: Optional[int] = typer.Option(None, help="Whole layers removed by pruning (android: 2)."),
-    distill_epochs: Optional[int] = typer.Option(None, help="Distillation epochs."),
-    distill_augment: Optional[float] = typer.Option(None, help="Slot-swapped extra utterances for distillation, as "
-                                                    "a share of train (android: see devices/android.toml)."),
-    distill_novel: Optional[float] = typer.Option(None, help="Share of swapped open-class slot values made of "
-                                                  "words unseen in the data (split into pieces by the student)."),
-    word_pool: Optional[bool] = typer.Option(None, "--word-pool/--no-word-pool", help="The student's slot head "
-                                             "reads the mean of each word's pieces (android, ios: on)."),
-    temperature: Optional[float] = typer.Option(None, help="Distillation temperature T."),
-    alpha: Optional[float] = typer.Option(None, help="Weight of the teacher's soft targets (1 - alpha: gold)."),
-    max_retries: Optional[int] = typer.Option(None, help="Gate back-offs before the build stops."),
-    intents: Optional[str] = typer.Option(None, help="Comma-separated intents the package may answer (baked into "
-                                          "the graph; default: all)."),
-    oos_far: float = typer.Option(0.05, help="Without out-of-scope data: share of held-out in-scope utterances the "
-                                  "rejection threshold may reject."),
-    keep_fp32: Optional[list[str]] = typer.Option(None, "--keep-fp32", help="Linear layers kept FP32 by the "
-                                                  "quantize stage (fnmatch pattern, e.g. 'layers.0.*'; repeatable)."),
-    calib_samples: Optional[int] = typer.Option(None, help="Utterances INT8 activation ranges are calibrated on."),
-    calib_method: Optional[str] = typer.Option(None, help="ONNX Runtime calibration: minmax, percentile, entropy."),
-    embedding_bits: Optional[int] = typer.Option(None, help="Word-embedding precision in the ExecuTorch package: "
-                                                 "4, 8 or 0 (FP32)."),
+    data: Annotated[Path, typer.Option(help="Dataset: JointBERT folder, CLINC150 JSON, CSV or JSONL.")],
+    out: Annotated[Path, typer.Option(help="Output folder: the package, report.json and report.md.")],
+    target: Annotated[str, typer.Option(help="Device profile: android, ios, server-gpu (devices/*.toml), or a path "
+                                        "to your own .toml profile.")] = "android",
+    task: Annotated[str, typer.Option(help="Task (intent: intent + slots when the data has slots).")] = "intent",
+    format: Annotated[Optional[str], typer.Option(help="Force the data format: jointbert|clinc|csv|jsonl.")] = None,
+    base_model: Annotated[Optional[Path], typer.Option(help="Local BERT-family folder (default: all-MiniLM-L6-v2).")]
+    = None,
+    config: Annotated[Optional[Path], typer.Option(help="A build.toml with the same tables as a profile.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="TABLE.KEY=VALUE (TOML value), repeatable, e.g. "
+                                                     "distill.epochs=6 (docs/configuration.md).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for splits, initialisation and shuffling.")] = 0,
+    stages: Annotated[Optional[str], typer.Option(help="Comma-separated stages (default: the profile's), e.g. "
+                                                  "teacher,export,package to skip compression.")] = None,
+    intents: Annotated[Optional[str], typer.Option(help="Comma-separated intents the package may answer (baked into "
+                                                   "the graph; default: all).")] = None,
+    cache: Annotated[Optional[Path], typer.Option(help="Stage cache folder (default: $EDGEKIT_CACHE, else "
+                                                  "~/.cache/edgekit).")] = None,
+    strict: Annotated[bool, typer.Option(help="Fail with no package when the accuracy budget is not met (default: "
+                                         "ship the best try marked over budget, exit code 3).")] = False,
 ):
-    """Fine-tune a teacher, export it for the target's runtimes, and write a verified package."""
-    from edgekit.pipeline import BuildConfig
-    from edgekit.pipeline import build as run_build
-    from edgekit.training import TrainConfig
+    """Fine-tune a teacher, compress and export it for the target's runtimes, and write a verified package.
+
+    Stages whose inputs and settings did not change are reused from the stage cache."""
+    from edgekit.build import BuildConfig
+    from edgekit.build import build as run_build
+    from edgekit.build.gating import OVER_BUDGET_EXIT
 
     # torch configures its own loggers on import; only its errors belong on the build's terminal.
     logging.getLogger("torch").setLevel(logging.ERROR)
-    try:
-        train = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, head_lr=min(0.5, lr * 10), seed=seed,
-                            max_minutes=max_minutes, steps_limit=steps_limit)
-    except ValueError as e:
-        raise EdgekitError(str(e)) from None
     cfg = BuildConfig(data=str(data), out=str(out), task=task, target=target, format=format,
-                      base_model=str(base_model) if base_model else None, seed=seed, resume=resume,
-                      max_len=max_len, buckets=_lengths(buckets), train=train, stages=stages.split(",") if stages else None,
-                      vocab_corpus=str(vocab_corpus) if vocab_corpus else None, intents=_names(intents),
-                      oos_far=oos_far,
-                      compress={"vocab_budget": vocab_budget, "param_share": param_share, "prune_layers": prune_layers,
-                                "distill_epochs": distill_epochs, "distill_augment": distill_augment,
-                                "distill_novel": distill_novel, "word_pool": word_pool,
-                                "temperature": temperature, "alpha": alpha, "max_retries": max_retries},
-                      quantize={k: v for k, v in {"keep_fp32": keep_fp32, "calib_samples": calib_samples,
-                                                  "method": calib_method, "embedding_bits": embedding_bits}.items()
-                                if v is not None})
+                      base_model=str(base_model) if base_model else None, config=str(config) if config else None,
+                      sets=list(set_ or []), seed=seed, stages=stages.split(",") if stages else None,
+                      intents=_names(intents), cache=str(cache) if cache else None, strict=strict)
 
     def show(name, row):
         figs = ", ".join(f"{k} {row[k]:.4f}" for k in ("intent_acc", "slot_f1", "exact_match", "in_scope_acc",
                                                        "oos_recall") if row.get(k) is not None)
-        typer.echo(f"[{name}] {figs}, {row['params']:,} params, {row['size_bytes']:,} bytes, {row['seconds']:.1f}s",
-                   err=True)
+        how = f"reused ({row['key']})" if row["reused"] else f"{row['seconds']:.1f}s"
+        params = f"{row['params']:,} params, " if row.get("params") is not None else ""
+        typer.echo(f"[{name}] {figs}, {params}{row['size_bytes'] or 0:,} bytes, {how}", err=True)
 
     rep = run_build(cfg, on_stage=show)
     lat = ", ".join(f"{k} p50 {v['p50_ms']:.2f} ms" for k, v in rep["latency"].items())
     typer.echo(f"package: {out} ({rep['package']['size_bytes']:,} bytes for {rep['package']['runtime']}); {lat}")
     typer.echo(f"report: {out / 'report.md'}")
+    if rep.get("over_budget"):
+        for o in rep["over_budget"]:
+            typer.echo(f"over budget: {o['message']}; the package is the best try (report.md says so)", err=True)
+        sys.exit(OVER_BUDGET_EXIT)
 
 
 def _names(csv: str | None) -> list[str] | None:
     return [x.strip() for x in csv.split(",") if x.strip()] if csv is not None else None
-
-
-def _lengths(csv: str | None) -> list[int] | None:
-    """--buckets: 'none' -> [] (one length), '16,24' -> [16, 24], unset -> None (the profile's choice)."""
-    if csv is None:
-        return None
-    if csv.strip().lower() == "none":
-        return []
-    try:
-        return [int(x) for x in _names(csv)]
-    except ValueError:
-        raise EdgekitError(f"--buckets: expected lengths like 16,24 or 'none', got {csv!r}") from None
 
 
 @app.command()
@@ -202,6 +159,44 @@ def bench_(
     typer.echo(json.dumps(bench(package, data, _runtime(runtime), n, threads, compare_teacher, split), indent=2))
 
 
+cache_app = typer.Typer(help="The stage cache: list or prune its entries.", no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("ls")
+def cache_ls(cache: Annotated[Optional[Path], typer.Option(help="Cache folder (default: $EDGEKIT_CACHE, else "
+                                                           "~/.cache/edgekit).")] = None):
+    """One line per entry: stage, key, size, last use."""
+    import time
+
+    from edgekit.build.cache import StageCache, default_dir
+
+    c = StageCache(default_dir(str(cache) if cache else None))
+    entries = c.entries()
+    for e in entries:
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e["used"]))
+        typer.echo(f"{e['stage']:12s} {e['key'][:12]}  {e['bytes'] / 1e6:9.2f} MB  {used}")
+    typer.echo(f"{len(entries)} entries, {sum(e['bytes'] for e in entries) / 1e6:.1f} MB in {c.root}")
+
+
+@cache_app.command("prune")
+def cache_prune(
+    cache: Annotated[Optional[Path], typer.Option(help="Cache folder.")] = None,
+    older_than: Annotated[Optional[float], typer.Option(help="Remove entries unused for this many days.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Remove every entry.")] = False,
+):
+    """Remove entries unused for --older-than DAYS, or --all."""
+    from edgekit.build.cache import StageCache, default_dir
+
+    if older_than is None and not all_:
+        raise EdgekitError("cache prune: give --older-than DAYS or --all")
+    if older_than is not None and older_than < 0:
+        raise EdgekitError(f"--older-than must be >= 0, got {older_than}")
+    c = StageCache(default_dir(str(cache) if cache else None))
+    n, freed = c.prune(None if all_ else older_than)
+    typer.echo(f"removed {n} entries, {freed / 1e6:.1f} MB")
+
+
 @app.command()
 def targets():
     """List the device profiles in devices/."""
@@ -218,7 +213,7 @@ def main() -> None:
         app()
     except EdgekitError as e:
         typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

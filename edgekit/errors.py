@@ -2,7 +2,9 @@
 
 
 class EdgekitError(Exception):
-    """Bad input or an unmet requirement. The CLI prints `error: <message>` and exits with code 2."""
+    """Bad input or an unmet requirement. The CLI prints `error: <message>` and exits with `exit_code`."""
+
+    exit_code = 2
 
 
 class DataError(EdgekitError):

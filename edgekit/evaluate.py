@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from pathlib import Path
 
+from edgekit.build.cache import built_entry
 from edgekit.data import load_dataset
 from edgekit.errors import EdgekitError
 from edgekit.metrics import invalid_bio
 from edgekit.runtime.package import Package, PackageError
 from edgekit.runtime.predictor import Predictor
 from edgekit.training import agreement, predict_eager, score
+
+FP32_STAGES = ("teacher", "trim_vocab", "prune", "distill")  # the last of these is the package's FP32 model
 
 
 def evaluate_package(package: str | Path, data: str | Path, runtime: str = "executorch", split: str = "test",
@@ -21,7 +23,7 @@ def evaluate_package(package: str | Path, data: str | Path, runtime: str = "exec
     """Run every utterance of `split` through the package's runtime and score the answers.
 
     allow_intents fills the graph's intent_mask; reject=False turns out-of-scope rejection off. With
-    compare_eager, and when the build's checkpoint sits in the package folder, the eager model (with the same
+    compare_eager, and when the build's FP32 model is still in the stage cache, the eager model (with the same
     decoding graph) answers too and the share of identical answers (intent and all slot tags) is reported.
     """
     try:
@@ -41,14 +43,14 @@ def evaluate_package(package: str | Path, data: str | Path, runtime: str = "exec
            "allow_intents": allow_intents, "reject": reject, **score(examples, answers, pkg.labels),
            "invalid_bio": invalid_bio([a.get("tags") for a in answers]),
            "intents_answered": dict(Counter(a["intent"] for a in answers).most_common())}
-    state = Path(package) / "checkpoints" / "state.json"
-    if compare_eager and state.is_file():
+    built = built_entry(Path(package), FP32_STAGES) if compare_eager else None
+    if built is not None:
         from edgekit.converters.decoding import config_from_record, with_decoding
         from edgekit.model import load_model
 
-        st = json.loads(state.read_text())
-        model = load_model(state.parent / st["model"])
-        export = next((r for r in st["records"] if r["name"] == "export"), None)
+        entry, rep = built
+        model = load_model(entry / "model.safetensors")
+        export = next((r for r in rep["passes"] if r["name"] == "export"), None)
         if pred.decoding and export and "decoding" in export["extra"]:
             model, _ = with_decoding(model, config_from_record(pkg.labels, export["extra"]["decoding"]))
         eager = predict_eager(model, examples, pred.tokenizer, pkg.labels, pkg.max_len, reject=reject,

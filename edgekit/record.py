@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -16,9 +17,19 @@ class PassRecord:
     metrics: dict = field(default_factory=dict)  # test-split metrics of the stage's output
     warnings: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)  # pass-specific figures (parity, training curve, ...)
-    artifacts: dict = field(default_factory=dict, repr=False)  # in-memory outputs (e.g. a tokenizer), not reported
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("artifacts")
-        return d
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PassRecord":
+        return cls(**d)
+
+
+@dataclass
+class PassResult:
+    """What a pass returns: the new model, its record, and the tokenizer when the pass changes it."""
+
+    model: Any
+    record: PassRecord
+    tokenizer: Any = None

@@ -28,6 +28,13 @@ def render_markdown(rep: dict) -> str:
              + f"{100 * ds['lengths']['truncated_share']:.2f}% of train+dev utterances truncated).", ""]
     for note in ds.get("notes", []):
         lines.append(f"- {note}")
+    for o in rep.get("over_budget") or []:
+        lines += ["", f"**Over budget.** {o['message']}. The package is that best try; rerun with a looser "
+                  "budget or less compression (every try is in the stage cache)."]
+    reused = [r["name"] for r in rep["stages"] if r.get("reused")]
+    if reused:
+        lines += ["", f"Reused from the stage cache (inputs and settings unchanged): {', '.join(reused)}; their "
+                  "seconds are those of the run that made them."]
     rts = [rt for rt in ("executorch", "onnx") if any(rt in r.get("latency", {}) for r in rep["stages"])]
     lines += ["", "## Stages (test split)", "",
               "Decoded as the package answers (intent whitelist, constrained BIO decoding; out-of-scope rejection "
@@ -103,12 +110,14 @@ def _compression(rep: dict) -> list[str]:
         return []
     teacher = passes.get("teacher")
     lines = ["", "## Compression", ""]
-    if rep.get("compress"):
-        c = rep["compress"]
-        lines.append(f"Profile settings: vocabulary budget {c.get('vocab_budget') or 'none'}, parameter share "
-                     f"{c.get('param_share')} (non-embedding) / {c.get('total_share')} (total), distillation "
-                     f"T = {c.get('temperature')}, α = {c.get('alpha')}, {c.get('distill_epochs')} epochs"
-                     + (", slot head on the mean of each word's pieces" if c.get("word_pool") else "") + "; "
+    settings = rep.get("config", {}).get("settings")
+    if settings:
+        c, d = settings["compress"], settings["distill"]
+        lines.append(f"Settings: vocabulary budget {c.get('vocab_budget') or 'none'}, parameter share "
+                     f"{c.get('param_share')} (non-embedding) / {c.get('total_share')} (total), back-off caps "
+                     f"{c.get('max_param_share') or c.get('param_share')} / {c.get('max_total_share') or c.get('total_share')}"
+                     f", distillation T = {d.get('temperature')}, α = {d.get('alpha')}, {d.get('epochs')} epochs"
+                     + (", slot head on the mean of each word's pieces" if d.get("word_pool") else "") + "; "
                      f"accuracy budget against the teacher on dev: {rep.get('budget', {})}.")
         lines.append("")
     if "trim_vocab" in passes:

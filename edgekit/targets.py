@@ -1,9 +1,14 @@
-"""Target device profiles, read from the TOML files in `devices/` (no per-device if-chains in code)."""
+"""Target device profiles, read from the TOML files in `devices/` (no per-device if-chains in code).
+
+A profile has top-level facts (runtimes, stages, threads) and setting tables ([teacher], [compress], [distill],
+[quantize], [decoding], [budget], [package]; see edgekit.build.config). `extends = "android"` starts from
+another profile and states only the differences.
+"""
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
@@ -18,20 +23,26 @@ class Target:
     primary_runtime: str
     bench_threads: int = 1
     stages: list[str] = field(default_factory=lambda: ["teacher", "export", "package"])
-    budget: dict = field(default_factory=dict)  # accuracy drop allowed against the teacher on dev, in points
-    compress: dict = field(default_factory=dict)  # vocabulary and parameter budgets, distillation settings
-    quantize: dict = field(default_factory=dict)  # QuantizeConfig fields (INT8 calibration, embeddings, budget)
     # ExecuTorch length buckets: these percentiles of the data's piece counts, rounded up to a multiple of 8,
     # become extra fixed lengths below max_len ([] : one length)
     bucket_percentiles: list[int] = field(default_factory=lambda: [50, 90])
+    tables: dict = field(default_factory=dict)  # setting tables, validated by edgekit.build.config
+    source: str = ""  # where the profile was read from, for messages
 
 
 def available() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("edgekit.devices").iterdir() if p.name.endswith(".toml"))
 
 
-def load_target(name: str) -> Target:
-    """The profile `devices/<name>.toml`, or a user's own profile given as a path to a .toml file."""
+def merge_tables(base: dict, over: dict) -> dict:
+    """Table-wise merge: keys of `over` replace those of `base`; nested tables merge."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge_tables(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _read(name: str) -> tuple[dict, str]:
     if name.endswith(".toml"):
         path = Path(name)
         if not path.is_file():
@@ -44,9 +55,32 @@ def load_target(name: str) -> Target:
                                "(or a path to a .toml profile)")
         text, where = f.read_text(encoding="utf-8"), f"devices/{name}.toml"
     try:
-        data = tomllib.loads(text)
-        return Target(**data)
+        return tomllib.loads(text), where
     except tomllib.TOMLDecodeError as e:
         raise EdgekitError(f"{where}: {e}") from None
+
+
+def load_target(name: str, _seen: tuple = ()) -> Target:
+    """The profile `devices/<name>.toml`, or a user's own profile given as a path to a .toml file."""
+    data, where = _read(name)
+    parent = data.pop("extends", None)
+    if parent:
+        if parent in _seen:
+            raise EdgekitError(f"{where}: extends {parent!r} in a loop")
+        base = load_target(parent, _seen + (name,))
+        merged = {f.name: getattr(base, f.name) for f in fields(Target) if f.name not in ("tables", "source")}
+        merged["tables"] = base.tables
+    else:
+        merged = {"tables": {}}
+    known = {f.name for f in fields(Target)} - {"tables", "source"}
+    for k, v in data.items():
+        if isinstance(v, dict):
+            merged["tables"] = merge_tables(merged["tables"], {k: v})
+        elif k in known:
+            merged[k] = v
+        else:
+            raise EdgekitError(f"{where}: unknown profile key {k!r}")
+    try:
+        return Target(**merged, source=where)
     except TypeError as e:
         raise EdgekitError(f"{where}: {e}") from None

@@ -34,7 +34,7 @@ class TrainConfig:
     epochs: int = 5
     batch_size: int = 32
     lr: float = 1e-4  # MiniLM-sized encoders like a higher rate than BERT-base's 5e-5
-    head_lr: float = 1e-3  # freshly initialised heads learn faster
+    head_lr: float | None = None  # freshly initialised heads learn faster: None gives min(0.5, 10 x lr)
     weight_decay: float = 0.01
     warmup: float = 0.1  # share of steps with a linear warm-up
     slot_weight: float = 1.0
@@ -45,12 +45,16 @@ class TrainConfig:
     steps_limit: int | None = None  # cap on optimizer steps per epoch (tests and quick demos)
 
     def __post_init__(self):
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ValueError("epochs and batch_size must be >= 1")
-        if not (0 < self.lr < 1 and 0 < self.head_lr < 1):
-            raise ValueError("learning rates must be in (0, 1)")
+        if self.head_lr is None:
+            self.head_lr = min(0.5, self.lr * 10)
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("lr", "head_lr"):
+            if not 0 < getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in (0, 1), got {getattr(self, name)}")
         if not 0 <= self.warmup < 1:
-            raise ValueError("warmup is a share of steps in [0, 1)")
+            raise ValueError(f"warmup must be a share of steps in [0, 1), got {self.warmup}")
 
 
 @dataclass

@@ -59,3 +59,18 @@ def write_tiny_bert(folder: Path, words: list[str], hidden: int = 32, layers: in
 def tiny_bert(tmp_path_factory) -> Path:
     words = [w.lower() for line in DEMO.read_text().splitlines() for w in json.loads(line)["text"].split()]
     return write_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), words)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stage_cache(tmp_path_factory):
+    """Every build in the suite (subprocesses too) uses a cache of its own, never the user's ~/.cache/edgekit."""
+    import os
+
+    path = tmp_path_factory.mktemp("edgekit_cache")
+    old = os.environ.get("EDGEKIT_CACHE")
+    os.environ["EDGEKIT_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("EDGEKIT_CACHE", None)
+    else:
+        os.environ["EDGEKIT_CACHE"] = old

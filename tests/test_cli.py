@@ -62,8 +62,8 @@ def test_predict_json_on_built_package(tmp_path, tiny_bert):
     import json
 
     out = tmp_path / "pkg"
-    res = run("build", "--data", str(DEMO), "--out", str(out), "--base-model", str(tiny_bert), "--epochs", "1",
-              "--steps-limit", "3", "--stages", "teacher,export,package")
+    res = run("build", "--data", str(DEMO), "--out", str(out), "--base-model", str(tiny_bert), "--set",
+              "teacher.epochs=1", "--set", "teacher.steps_limit=3", "--stages", "teacher,export,package")
     assert res.returncode == 0, res.stderr[-2000:]
     for rt in ("executorch", "onnx"):
         for text in ["set an alarm for 7 am", "", "😀 ¿qué?"]:
@@ -94,16 +94,56 @@ def test_unknown_build_intent_is_one_line(tmp_path):
                           "--intents", "'nope'")
 
 
-def test_buckets_option_parses_lengths_none_and_rejects_junk(tmp_path):
-    from edgekit.cli import _lengths
-    from edgekit.errors import EdgekitError
+def test_bad_settings_fail_fast_with_one_line(tmp_path):
+    import time
 
-    assert _lengths(None) is None and _lengths("none") == [] and _lengths("16, 24") == [16, 24]
-    with pytest.raises(EdgekitError):
-        _lengths("sixteen")
-    assert_one_line_error(run("build", "--data", str(DEMO), "--out", str(tmp_path / "o"), "--buckets", "16,x"),
-                          "--buckets")
-    assert_one_line_error(run("build", "--data", str(DEMO), "--out", str(tmp_path / "o"), "--buckets", "2"),
-                          "--buckets", ">= 3")
+    for setting, needles in [("distill.alpha=2", ("distill.alpha: must be in [0, 1], got 2",)),
+                             ("compress.vocab_budget=100", ("compress.vocab_budget", "exceed")),
+                             ("distill.alfa=0.5", ("unknown setting distill.alfa",)),
+                             ("teacher.epochs=many", ("teacher.epochs", "expected int")),
+                             ("quantize.method=median", ("quantize:", "minmax")),
+                             ("package.buckets=[2]", ("package.buckets", ">= 3")),
+                             ("nosuch.key=1", ("unknown table 'nosuch'",)),
+                             ("alpha=1", ("table.key=value",))]:
+        t0 = time.perf_counter()
+        res = run("build", "--data", str(DEMO), "--out", str(tmp_path / "o"), "--set", setting)
+        assert time.perf_counter() - t0 < 10, setting  # before any training
+        assert_one_line_error(res, *needles)
+    assert not (tmp_path / "o").exists()
     assert_one_line_error(run("build", "--data", str(DEMO), "--out", str(tmp_path / "o"), "--stages",
                               "teacher,fuse,export,package"), "stages run in this order")
+    cfg = tmp_path / "build.toml"
+    cfg.write_text("[distill]\ntemperature = -1\n")
+    assert_one_line_error(run("build", "--data", str(DEMO), "--out", str(tmp_path / "o"), "--config", str(cfg)),
+                          "distill.temperature")
+
+
+def test_over_budget_build_ships_the_best_try_with_exit_code_3(tmp_path, tiny_bert):
+    import json
+
+    profile = tmp_path / "p.toml"
+    profile.write_text('extends = "android"\nname = "strict-phone"\nruntimes = ["onnx"]\nprimary_runtime = "onnx"\n'
+                       'stages = ["teacher", "trim_vocab", "export", "package"]\n'
+                       "[budget]\nintent_drop_pts = -5.0\n[compress]\nvocab_budget = 340\nmax_retries = 0\n")
+    out = tmp_path / "o"
+    res = run("build", "--data", str(DEMO), "--out", str(out), "--base-model", str(tiny_bert), "--target",
+              str(profile), "--set", "teacher.epochs=1", "--set", "teacher.steps_limit=3")
+    assert res.returncode == 3, res.stderr[-2000:]
+    assert "over budget: stage trim_vocab" in res.stderr and (out / "manifest.json").is_file()
+    assert json.loads((out / "report.json").read_text())["over_budget"][0]["stage"] == "trim_vocab"
+
+
+def test_cache_ls_and_prune(tmp_path):
+    from edgekit.build.cache import StageCache
+
+    c = StageCache(tmp_path / "c")
+    work = c.workdir("teacher")
+    (work / "model.safetensors").write_bytes(b"x" * 1000)
+    c.put("teacher", "ab" * 32, work, {"record": {}})
+    res = run("cache", "ls", "--cache", str(tmp_path / "c"))
+    assert res.returncode == 0 and "teacher" in res.stdout and "1 entries" in res.stdout
+    assert_one_line_error(run("cache", "prune", "--cache", str(tmp_path / "c")), "--older-than")
+    res = run("cache", "prune", "--cache", str(tmp_path / "c"), "--older-than", "1")
+    assert "removed 0 entries" in res.stdout
+    res = run("cache", "prune", "--cache", str(tmp_path / "c"), "--all")
+    assert "removed 1 entries" in res.stdout and c.entries() == []

@@ -26,10 +26,19 @@ vocab_budget = 340
 param_share = 0.5
 total_share = 1.0
 max_retries = 0
-distill_epochs = 3
-distill_lr = 0.005
-distill_augment = 0.5
+[distill]
+epochs = 3
+lr = 0.005
+augment = 0.5
+novel = 0.0
 word_pool = true
+[teacher]
+epochs = 8
+batch_size = 16
+lr = 5e-3
+head_lr = 1e-2
+[decoding]
+oos_far = 0.05
 [quantize]
 calib_samples = 32
 embedding_bits = 4
@@ -55,17 +64,16 @@ def golden_data(folder: Path) -> Path:
 
 def golden_build(folder: Path) -> dict:
     """Build the golden package in `folder`; return every test utterance's answer through both runtimes."""
+    from edgekit.build import BuildConfig, build
     from edgekit.data import load_dataset
-    from edgekit.pipeline import BuildConfig, build
     from edgekit.runtime import Package, Predictor
-    from edgekit.training import TrainConfig
 
     data = golden_data(folder)
     words = [w.lower() for line in DEMO.read_text().splitlines() for w in json.loads(line)["text"].split()]
     base = write_tiny_bert(folder / "bert", words)
     (folder / "golden.toml").write_text(PROFILE)
     build(BuildConfig(data=str(data), out=str(folder / "pkg"), base_model=str(base), target=str(folder / "golden.toml"),
-                      seed=3, train=TrainConfig(epochs=8, batch_size=16, lr=5e-3, head_lr=1e-2, seed=3)))
+                      seed=3, cache=str(folder / "cache")))
     pkg = Package.load(folder / "pkg")
     test = load_dataset(data).splits["test"]
     out = {}

@@ -3,7 +3,7 @@ import copy
 import pytest
 import torch
 
-from edgekit.converters.distill import DistillConfig, distill, kd_loss
+from edgekit.converters.distill import DistillConfig, DistillInputs, distill, kd_loss
 from edgekit.data import load_dataset
 from edgekit.model import JointModel, ModelConfig, gather_embeddings
 from edgekit.training import labels_of
@@ -33,17 +33,17 @@ def test_distill_trains_student_towards_teacher():
         return m
 
     teacher, student = model(2).eval(), model(1)
-    cfg = DistillConfig(teacher=teacher, teacher_tokenizer=tok, student_tokenizer=tok, train=data.splits["train"][:200],
-                        dev=data.splits["dev"], labels=labels, epochs=2, lr=3e-3, max_len=32)
-    new, rec = distill(student, cfg)
+    inputs = DistillInputs(teacher=teacher, teacher_tokenizer=tok, student_tokenizer=tok,
+                           train=data.splits["train"][:200], dev=data.splits["dev"], labels=labels, max_len=32)
+    res = distill(student, inputs, DistillConfig(epochs=2, lr=3e-3, augment=0.0, novel=0.0))
+    new, rec = res.model, res.record
     curve = rec.extra["curve"]
     assert len(curve) == 2 and curve[-1]["train_loss"] < curve[0]["train_loss"]
     assert rec.extra["temperature"] == 4.0 and rec.extra["alpha"] == 0.7
     ids = torch.tensor([tok.encode("set an alarm for 7 am", 32).input_ids])
     assert all(torch.isfinite(o).all() for o in new(ids, torch.ones_like(ids)))
     with pytest.raises(ValueError):
-        DistillConfig(teacher=teacher, teacher_tokenizer=tok, student_tokenizer=tok, train=[], dev=[], labels=labels,
-                      alpha=1.5)
+        DistillConfig(alpha=1.5)
 
 
 def test_novel_words_are_whole_for_the_teacher_and_split_for_the_student():
@@ -64,10 +64,12 @@ def one_layer_self_distillation(**kw):
     m = JointModel(ModelConfig(vocab_size=len(make_vocab(sorted(words))), hidden=16, heads=[2], ffn=[32], head_dim=8,
                                n_intents=len(data.intents), n_slots=len(data.slot_tags), dropout=0.0))
     gather_embeddings(m, rows)
-    cfg = DistillConfig(teacher=m.eval(), teacher_tokenizer=tok, student_tokenizer=tok,
-                        train=data.splits["train"][:100], dev=data.splits["dev"][:20], labels=labels_of(data),
-                        max_len=32, hidden_weight=0.0, **kw)
-    return distill(copy.deepcopy(m), cfg)
+    evaluate = kw.pop("evaluate", None)
+    inputs = DistillInputs(teacher=m.eval(), teacher_tokenizer=tok, student_tokenizer=tok,
+                           train=data.splits["train"][:100], dev=data.splits["dev"][:20], labels=labels_of(data),
+                           max_len=32, evaluate=evaluate)
+    res = distill(copy.deepcopy(m), inputs, DistillConfig(**{"hidden_weight": 0.0, "augment": 0.0, "novel": 0.0, **kw}))
+    return res.model, res.record
 
 
 def test_distill_with_augmentation_adds_labelled_utterances():

@@ -68,8 +68,18 @@ def test_parity_detects_a_wrong_artifact():
     from edgekit.converters.parity import compare
 
     m = tiny()
-    res = compare(m, lambda ids, mask: [np.zeros((1, 3), np.float32), np.zeros((1, L, 5), np.float32)], inputs())
-    assert res["max_abs_diff"] > 0
+
+    def artifact(model):  # an "exported" model: the eager module run on numpy arrays
+        return lambda ids, mask: [o.detach().numpy() for o in model(torch.from_numpy(ids), torch.from_numpy(mask))]
+
+    right = compare(m, artifact(m), inputs(8))
+    assert right["max_abs_diff"] == 0 and right["intent_argmax_agree"] == 1 and right["slot_argmax_agree"] == 1
+    wrong = tiny()  # the same architecture, other weights: what a mixed-up export would ship
+    with torch.no_grad():
+        for p in wrong.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    res = compare(m, artifact(wrong), inputs(8))
+    assert res["max_abs_diff"] > 0.1 and res["slot_argmax_agree"] < 0.9
 
 
 def test_export_config_validates():

@@ -21,15 +21,15 @@ def batches(n=3):
     return out
 
 
-def cfg(target, drop_layers=0):
-    return PruneConfig(target_params=target, batches=batches(), loss_fn=lambda o, i, s: joint_loss(o, i, s, 1.0),
-                       drop_layers=drop_layers)
+def run_prune(m, target, drop_layers=0):
+    res = prune(m, batches(), lambda o, i, s: joint_loss(o, i, s, 1.0), PruneConfig(target, drop_layers=drop_layers))
+    return res.model, res.record
 
 
 def test_prune_makes_a_smaller_real_module():
     m = tiny()
     before = count_params(m, embeddings=False)
-    new, rec = prune(m, cfg(before // 2))
+    new, rec = run_prune(m, before // 2)
     assert count_params(new, embeddings=False) <= before // 2
     assert rec.extra["nonembedding_after"] == count_params(new, embeddings=False)
     assert sum(new.cfg.heads) < 12 and sum(new.cfg.ffn) < 96
@@ -45,7 +45,7 @@ def test_prune_makes_a_smaller_real_module():
 def test_layer_pruning_drops_the_least_sensitive_layer():
     m = tiny()
     target = int(count_params(m, embeddings=False) * 0.4)
-    new, rec = prune(m, cfg(target, drop_layers=1))
+    new, rec = run_prune(m, target, drop_layers=1)
     sens = rec.extra["layer_sensitivity"]
     assert new.cfg.layers == 2 and rec.extra["layers_after"] == 2
     assert sens.index(min(sens)) not in rec.extra["kept_layers"]

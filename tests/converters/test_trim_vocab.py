@@ -25,8 +25,8 @@ def tiny_setup(words):
 
 def test_trim_keeps_outputs_and_shrinks_embedding(tmp_path):
     model, tok = tiny_setup([w for t in CORPUS for w in t.split()] + ["unrelated", "words", "here"])
-    new, rec = trim_vocab(copy.deepcopy(model), TrimVocabConfig(tok, CORPUS, None, max_positions=16))
-    new_tok = rec.artifacts["tokenizer"]
+    res = trim_vocab(copy.deepcopy(model), tok, CORPUS, TrimVocabConfig(None, max_positions=16))
+    new, rec, new_tok = res.model, res.record, res.tokenizer
     assert new.word_emb.weight.shape[0] == new_tok.vocab_size < tok.vocab_size
     assert new.pos_emb.weight.shape[0] == 16
     assert rec.extra["tokenization_agreement_full"] == 1.0
@@ -47,8 +47,7 @@ def test_trim_keeps_outputs_and_shrinks_embedding(tmp_path):
 
 def test_unseen_text_falls_back_to_bytes_not_unknown():
     model, tok = tiny_setup(["play", "queen"])
-    _, rec = trim_vocab(model, TrimVocabConfig(tok, ["play queen"], None))
-    new_tok = rec.artifacts["tokenizer"]
+    new_tok = trim_vocab(model, tok, ["play queen"], TrimVocabConfig(None)).tokenizer
     ids = new_tok.word_ids("東京🎵")
     assert ids and new_tok.unk_id not in ids and all(4 <= i < N_FIXED for i in ids)
 
@@ -56,17 +55,17 @@ def test_unseen_text_falls_back_to_bytes_not_unknown():
 def test_budget_limits_pieces_and_words_still_split():
     words = [w for t in CORPUS for w in t.split()]
     model, tok = tiny_setup(words)
-    full = trim_vocab(copy.deepcopy(model), TrimVocabConfig(tok, CORPUS, None))[1]
+    full = trim_vocab(copy.deepcopy(model), tok, CORPUS, TrimVocabConfig(None)).record
     budget = full.extra["vocab_after"] - 5
-    _, rec = trim_vocab(copy.deepcopy(model), TrimVocabConfig(tok, CORPUS, budget))
-    new_tok = rec.artifacts["tokenizer"]
+    res = trim_vocab(copy.deepcopy(model), tok, CORPUS, TrimVocabConfig(budget))
+    rec, new_tok = res.record, res.tokenizer
     assert new_tok.vocab_size <= budget and rec.extra["budget"] == budget
     assert rec.extra["tokenization_agreement_budget"] < 1.0
     for text in CORPUS:  # dropped words split into kept single characters, never <unk> or bytes
         ids = [i for w in text.split() for i in new_tok.word_ids(w)]
         assert all(i >= N_FIXED for i in ids)
     with pytest.raises(ValueError):
-        TrimVocabConfig(tok, CORPUS, budget=100)
+        TrimVocabConfig(budget=100)
 
 
 @pytest.mark.skipif(not (SHARED / "snips").is_dir(), reason="needs ../shared/data/snips")
@@ -77,7 +76,7 @@ def test_trim_agreement_on_real_snips_slice():
     model = JointModel(ModelConfig(vocab_size=len(wp.vocab), hidden=8, heads=[1], ffn=[8], head_dim=8, n_intents=2))
     gather_embeddings(model, rows)
     corpus = (SHARED / "snips" / "train" / "seq.in").read_text().splitlines()[::20]
-    _, rec = trim_vocab(model, TrimVocabConfig(tok, corpus, budget=None))
+    rec = trim_vocab(model, tok, corpus, TrimVocabConfig(budget=None)).record
     assert rec.extra["tokenization_agreement_full"] >= 0.99
     assert rec.extra["vocab_after"] < 0.25 * rec.extra["vocab_before"]
 

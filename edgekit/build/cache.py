@@ -1,0 +1,147 @@
+"""The stage cache: each stage's output stored under a key of everything that made it.
+
+key = sha256 of (stage name, its resolved settings, the key of its input, the edgekit version); the teacher's
+input is a digest of the data files and the base model's weights. So a stage is reused exactly when nothing
+that made it changed, across output folders and targets. Entries are written to a temp folder and renamed in
+place, so a killed build leaves no half entry; an entry that fails to load is rebuilt, with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgekit import __version__
+
+log = logging.getLogger("edgekit")
+RESULT = "result.json"
+
+
+def default_dir(arg: str | None = None) -> Path:
+    """--cache DIR, else $EDGEKIT_CACHE, else the user's cache folder."""
+    if arg:
+        return Path(arg).expanduser()
+    if os.environ.get("EDGEKIT_CACHE"):
+        return Path(os.environ["EDGEKIT_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "edgekit"
+
+
+def digest_files(paths: list[Path]) -> str:
+    """sha256 over the files' names (relative to their common folder), sizes and bytes; folders walked sorted."""
+    h = hashlib.sha256()
+    files = []
+    for p in paths:
+        files += sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]
+    for f in files:
+        h.update(f.name.encode() + b"\0" + str(f.stat().st_size).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def stage_key(stage: str, settings: dict, input_key: str) -> str:
+    blob = json.dumps({"stage": stage, "settings": settings, "input": input_key, "edgekit": __version__},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass
+class Entry:
+    stage: str
+    key: str
+    path: Path
+    result: dict
+
+    @property
+    def short(self) -> str:
+        return self.key[:12]
+
+
+class StageCache:
+    """Entries live in `root/<stage>/<key>/` with the stage's files and `result.json`."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def get(self, stage: str, key: str) -> Entry | None:
+        path = self.root / stage / key
+        if not path.is_dir():
+            return None
+        try:
+            result = json.loads((path / RESULT).read_text())
+            missing = [f for f in result.get("_files", []) if not (path / f).is_file()]
+            if missing:
+                raise ValueError(f"missing {missing[0]}")
+        except (OSError, ValueError) as e:
+            log.warning("cache entry %s/%s is unreadable (%s): rebuilding it", stage, key[:12], e)
+            self.drop(stage, key)
+            return None
+        os.utime(path)  # last use, for `edgekit cache prune --older-than`
+        return Entry(stage, key, path, result)
+
+    def workdir(self, stage: str) -> Path:
+        """A fresh folder for a stage's files; `put` moves it into place."""
+        tmp = self.root / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{stage}.", dir=tmp))
+
+    def put(self, stage: str, key: str, work: Path, result: dict) -> Entry:
+        """Write result.json into `work`, then rename `work` to the entry's place (atomic on one filesystem)."""
+        result = {**result, "_files": sorted(p.name for p in work.iterdir() if p.name != RESULT),
+                  "_created": time.time()}
+        (work / RESULT).write_text(json.dumps(result, indent=1, default=str))
+        final = self.root / stage / key
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists():  # a concurrent build made the same entry: keep one
+            shutil.rmtree(final)
+        os.replace(work, final)
+        return Entry(stage, key, final, result)
+
+    def drop(self, stage: str, key: str) -> None:
+        shutil.rmtree(self.root / stage / key, ignore_errors=True)
+
+    def entries(self) -> list[dict]:
+        """Every entry: stage, key, bytes, last use (seconds since the epoch)."""
+        out = []
+        for stage_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and p.name != "tmp") \
+                if self.root.is_dir() else []:
+            for e in sorted(stage_dir.iterdir()):
+                size = sum(f.stat().st_size for f in e.rglob("*") if f.is_file())
+                out.append({"stage": stage_dir.name, "key": e.name, "bytes": size, "used": e.stat().st_mtime})
+        return out
+
+    def prune(self, older_than_days: float | None = None) -> tuple[int, int]:
+        """Remove entries not used for `older_than_days` (None: all) and stale temp folders; (count, bytes)."""
+        now, n, freed = time.time(), 0, 0
+        for e in self.entries():
+            if older_than_days is None or now - e["used"] > older_than_days * 86400:
+                self.drop(e["stage"], e["key"])
+                n, freed = n + 1, freed + e["bytes"]
+        tmp = self.root / "tmp"
+        if tmp.is_dir():
+            for p in tmp.iterdir():  # left by killed builds; a running build's is younger than a day
+                if older_than_days is None or now - p.stat().st_mtime > 86400:
+                    shutil.rmtree(p, ignore_errors=True)
+        return n, freed
+
+
+def built_entry(package: Path, stages: tuple[str, ...]) -> tuple[Path, dict] | None:
+    """The cache entry of the last of `stages` the build of `package` made or reused, and that build's report;
+    None when the package has no report or the entry was pruned from the cache."""
+    report = Path(package) / "report.json"
+    if not report.is_file():
+        return None
+    rep = json.loads(report.read_text())
+    root = Path(rep.get("config", {}).get("cache", ""))
+    row = next((r for r in reversed(rep.get("stages", [])) if r["name"] in stages and r.get("key")), None)
+    if row is None or not (root / row["name"] / row["key"]).is_dir():
+        return None
+    return root / row["name"] / row["key"], rep

@@ -1,0 +1,240 @@
+"""Build settings, resolved once and validated before any work.
+
+Order, later wins: each pass's dataclass defaults -> the target profile (`devices/<name>.toml`, which may say
+`extends = "android"`) -> `--config build.toml` (the same tables) -> `--set table.key=value` -> the common
+flags. Every table is a dataclass whose `__post_init__` checks its values; a bad value fails in seconds with
+one line naming `table.key`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgekit.converters.distill import DistillConfig
+from edgekit.converters.quantize_executorch import QuantizeConfig
+from edgekit.errors import EdgekitError
+from edgekit.targets import Target, load_target, merge_tables
+from edgekit.training import TrainConfig
+
+STAGES = ("teacher", "trim_vocab", "prune", "distill", "quantize", "export", "fuse", "package")  # all, in order
+
+
+@dataclass
+class CompressConfig:
+    """Vocabulary and parameter budgets of the phone targets, and how far a gate may back off."""
+
+    vocab_budget: int | None = None  # most pieces kept (specials and byte pieces included); 0 or None: all
+    vocab_corpus: str | None = None  # extra text, one utterance per line, whose pieces the vocabulary keeps
+    param_share: float = 0.25  # non-embedding parameters pruning keeps, share of the teacher's
+    total_share: float = 1.0  # all parameters (vocabulary included), share of the teacher's
+    # Back-off caps: a gate miss may grow the student up to these shares, never past them (None: no growth).
+    max_param_share: float | None = None
+    max_total_share: float | None = None
+    prune_layers: int = 0  # whole layers removed by pruning
+    prune_samples: int = 512  # task utterances the pruning importance is measured on
+    embedding_rank: int | None = None  # factorise the word embedding to this rank (SVD); None: keep (V, H)
+    max_retries: int = 2  # gate misses backed off before the build settles for its best try
+
+    def __post_init__(self):
+        if self.vocab_budget == 0:
+            self.vocab_budget = None
+        for name in ("param_share", "total_share", "max_param_share", "max_total_share"):
+            v = getattr(self, name)
+            if v is not None and not 0 < v <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {v}")
+        if self.max_param_share is not None and self.max_param_share < self.param_share:
+            raise ValueError(f"max_param_share must be >= param_share ({self.param_share}), got {self.max_param_share}")
+        if self.max_total_share is not None and self.max_total_share < self.total_share:
+            raise ValueError(f"max_total_share must be >= total_share ({self.total_share}), got {self.max_total_share}")
+        from edgekit.vocab import N_FIXED
+
+        if self.vocab_budget is not None and self.vocab_budget <= N_FIXED:
+            raise ValueError(f"vocab_budget must exceed the {N_FIXED} special and byte pieces, got {self.vocab_budget}")
+        if self.prune_layers < 0 or self.prune_samples < 1 or self.max_retries < 0:
+            raise ValueError("prune_layers and max_retries must be >= 0, prune_samples >= 1")
+        if self.embedding_rank is not None and self.embedding_rank < 1:
+            raise ValueError(f"embedding_rank must be >= 1, got {self.embedding_rank}")
+        if self.vocab_corpus is not None and not Path(self.vocab_corpus).is_file():
+            raise ValueError(f"vocab_corpus: file not found: {self.vocab_corpus}")
+
+
+@dataclass
+class BudgetConfig:
+    """Dev accuracy an optimisation stage may lose against the teacher (points on a 0-100 scale)."""
+
+    intent_drop_pts: float = 0.5
+    slot_f1_drop_pts: float = 1.0
+
+    def __post_init__(self):
+        if math.isnan(self.intent_drop_pts) or math.isnan(self.slot_f1_drop_pts):
+            raise ValueError("budgets must be numbers")
+
+
+@dataclass
+class DecodingSettings:
+    """Out-of-scope policy. Without out-of-scope data, `oos_far` is the share of held-out in-scope (dev)
+    utterances the rejection threshold may refuse; 0 (the default) turns rejection off: a saturated softmax puts
+    any such threshold near 1, and on SNIPS 5% of dev refused 9.6% of the test utterances."""
+
+    oos_far: float = 0.0
+
+    def __post_init__(self):
+        if not 0 <= self.oos_far < 1:
+            raise ValueError(f"oos_far must be in [0, 1), got {self.oos_far}")
+
+
+@dataclass
+class PackageSettings:
+    max_len: int | None = None  # fixed sequence length; None: p99 of train+dev piece counts, rounded up to 8
+    buckets: list[int] | None = None  # shorter ExecuTorch lengths; None: the profile's bucket_percentiles
+    bench_utterances: int = 200  # test utterances the package's latency is measured on
+
+    def __post_init__(self):
+        if self.max_len is not None and not 8 <= self.max_len <= 512:
+            raise ValueError(f"max_len must be in 8..512, got {self.max_len}")
+        if self.buckets and min(self.buckets) < 3:
+            raise ValueError(f"buckets: lengths must be >= 3, got {min(self.buckets)}")
+        if self.bench_utterances < 1:
+            raise ValueError("bench_utterances must be >= 1")
+
+
+TABLES: dict[str, type] = {"teacher": TrainConfig, "compress": CompressConfig, "distill": DistillConfig,
+                           "quantize": QuantizeConfig, "decoding": DecodingSettings, "budget": BudgetConfig,
+                           "package": PackageSettings}
+# The tables each stage reads: they, with the stage's input, make its cache key.
+STAGE_TABLES = {"teacher": ("teacher",), "trim_vocab": ("compress", "budget"), "prune": ("compress",),
+                "distill": ("compress", "distill", "budget"), "quantize": ("quantize",),
+                "export": ("decoding", "package", "quantize"), "fuse": (), "package": ("package",)}
+
+
+@dataclass
+class Settings:
+    teacher: TrainConfig
+    compress: CompressConfig
+    distill: DistillConfig
+    quantize: QuantizeConfig
+    decoding: DecodingSettings
+    budget: BudgetConfig
+    package: PackageSettings
+
+    def to_dict(self) -> dict:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in TABLES}
+
+
+@dataclass
+class BuildConfig:
+    """What `edgekit build` was asked: paths, the profile, overrides. `settings` holds the tables as
+    dicts ({"distill": {"alpha": 0.5}}), applied after the profile and `config` (a build.toml), before `sets`."""
+
+    data: str
+    out: str
+    task: str = "intent"
+    target: str = "android"
+    format: str | None = None
+    base_model: str | None = None
+    config: str | None = None
+    settings: dict = field(default_factory=dict)
+    sets: list[str] = field(default_factory=list)  # "table.key=value", value in TOML syntax
+    seed: int = 0
+    stages: list[str] | None = None  # default: the profile's
+    intents: list[str] | None = None  # build-time intent whitelist baked into the graph (None: all)
+    cache: str | None = None  # default: $EDGEKIT_CACHE, else ~/.cache/edgekit
+    strict: bool = False  # a missed accuracy budget fails with no package instead of shipping the best try
+
+
+def parse_set(item: str) -> tuple[str, str, object]:
+    """'distill.alpha=0.5' -> ('distill', 'alpha', 0.5). The value is TOML; a bare word is a string."""
+    key, sep, raw = item.partition("=")
+    table, dot, name = key.strip().partition(".")
+    if not sep or not dot or not name:
+        raise EdgekitError(f"--set {item!r}: expected table.key=value, e.g. distill.alpha=0.5")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return table, name.strip(), value
+
+
+def _check_type(where: str, hint, value):
+    """Refuse a value of the wrong type with one line (TOML gives int for 2, float for 2.0: both are floats)."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    args = typing.get_args(hint) if union else (hint,)
+    ok = []
+    for a in args:
+        origin = typing.get_origin(a) or a
+        ok.append(origin)
+        if value is None and a is type(None):
+            return value
+        if origin is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if origin is int and isinstance(value, bool):
+            continue
+        if isinstance(origin, type) and isinstance(value, origin):
+            return value
+    names = " or ".join("none" if t is type(None) else getattr(t, "__name__", str(t)) for t in ok)
+    raise EdgekitError(f"{where}: expected {names}, got {value!r}")
+
+
+def _table(name: str, values: dict, origin: str):
+    cls = TABLES[name]
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls) if f.init}
+    clean = {}
+    for key, value in values.items():
+        if key not in known:
+            raise EdgekitError(f"{origin}: unknown setting {name}.{key}; {name} has: {', '.join(sorted(known))}")
+        clean[key] = _check_type(f"{name}.{key}", hints[key], value)
+    try:
+        return cls(**clean)
+    except ValueError as e:  # messages start with the field's name: "alpha must be in [0, 1], got 2"
+        first, _, rest = str(e).partition(" ")
+        raise EdgekitError(f"{name}.{first}: {rest}" if first in known else f"{name}: {e}") from None
+
+
+def resolve(cfg: BuildConfig) -> tuple[Target, Settings]:
+    """The profile and every setting, merged in order and validated: fails before any work."""
+    if cfg.task != "intent":
+        raise EdgekitError(f"unknown --task {cfg.task!r}; supported: intent")
+    target = load_target(cfg.target)
+    tables = {name: dict(target.tables.get(name, {})) for name in TABLES}
+    layers = []
+    if cfg.config:
+        path = Path(cfg.config)
+        try:
+            extra = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise EdgekitError(f"{path}: --config file not found") from None
+        except tomllib.TOMLDecodeError as e:
+            raise EdgekitError(f"{path}: {e}") from None
+        layers.append((str(path), extra))
+    layers.append(("settings", cfg.settings))
+    sets: dict = {}
+    for item in cfg.sets:
+        table, key, value = parse_set(item)
+        sets.setdefault(table, {})[key] = value
+    layers.append(("--set", sets))
+    for origin, layer in layers:
+        for name, values in layer.items():
+            if name not in TABLES or not isinstance(values, dict):
+                raise EdgekitError(f"{origin}: unknown table {name!r}; tables: {', '.join(TABLES)}")
+            tables[name] = merge_tables(tables[name], values)
+    tables["teacher"].setdefault("seed", cfg.seed)
+    tables["distill"].setdefault("seed", cfg.seed)
+    settings = Settings(**{name: _table(name, tables[name], target.source) for name in TABLES})
+    stages = list(cfg.stages or target.stages)
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise EdgekitError(f"unknown stage {unknown[0]!r}; stages: {', '.join(STAGES)}")
+    if stages[0] != "teacher" or stages[-1] != "package" or "export" not in stages[-3:]:
+        raise EdgekitError("stages must start with teacher and end with export, (fuse,) package")
+    if [STAGES.index(x) for x in stages] != sorted({STAGES.index(x) for x in stages}):
+        raise EdgekitError(f"stages run in this order, each once: {', '.join(STAGES)}")
+    if cfg.intents is not None and not cfg.intents:
+        raise EdgekitError("--intents is empty")
+    return dataclasses.replace(target, stages=stages), settings

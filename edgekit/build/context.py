@@ -1,0 +1,192 @@
+"""What the stages share: the build's inputs (Context) and each stage's typed result.
+
+A stage reads an earlier stage's result as a field of the context (`ctx.prune.kept_layers`), never by name.
+Results serialize to the stage cache: JSON fields into result.json, the model and tokenizer as files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from edgekit.build.cache import StageCache
+from edgekit.build.config import BuildConfig, Settings
+from edgekit.data import Dataset
+from edgekit.runtime.tokenizer import SentencePieceTokenizer
+from edgekit.targets import Target
+from edgekit.training import labels_of
+
+MODEL, TOKENIZER = "model.safetensors", "tokenizer.model"
+ROW_KEYS = ("intent_acc", "slot_f1", "slot_f1_argmax", "exact_match", "in_scope_acc", "oos_recall")
+
+
+def stage_row(name: str, metrics: dict, params: int | None, size_bytes: int | None, seconds: float) -> dict:
+    """One line of the report's stage table."""
+    row = {"name": name, **{k: metrics.get(k) for k in ROW_KEYS if k in metrics}}
+    row.update(params=params, size_bytes=size_bytes, seconds=round(seconds, 2))
+    return row
+
+
+@dataclass
+class StageResult:
+    """A stage's record (PassRecord as a dict) and report row. `dir`: its cache entry, where its files are."""
+
+    record: dict
+    row: dict
+    key: str = field(default="", compare=False)
+    reused: bool = field(default=False, compare=False)
+    dir: Path | None = field(default=None, compare=False)
+
+    def to_json(self) -> dict:
+        skip = {"key", "reused", "dir"}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in skip and not f.name.startswith("_")}
+
+    def save(self, work: Path) -> None:
+        """Write the stage's own files into its cache work folder (models and tokenizers)."""
+
+    @classmethod
+    def load(cls, data: dict, path: Path):
+        names = {f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")}
+        return cls(**{k: v for k, v in data.items() if k in names}, dir=path)
+
+
+@dataclass
+class ModelResult(StageResult):
+    """A stage whose output is a model (and its tokenizer), loaded from the cache only when a later stage runs."""
+
+    _model: object = field(default=None, repr=False, compare=False)
+    _tokenizer: SentencePieceTokenizer | None = field(default=None, repr=False, compare=False)
+    _loader: Callable | None = field(default=None, repr=False, compare=False)  # rebuilds a model with no file
+
+    @property
+    def model(self):
+        if self._model is None:
+            from edgekit.model import load_model
+
+            self._model = self._loader() if self._loader else load_model(self.dir / MODEL)
+        return self._model
+
+    @property
+    def tokenizer(self) -> SentencePieceTokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = SentencePieceTokenizer.from_file(self.dir / TOKENIZER)
+        return self._tokenizer
+
+    def save(self, work: Path) -> None:
+        from edgekit.model import save_model
+
+        save_model(self.model, work / MODEL)
+        self.tokenizer.save(work / TOKENIZER)
+
+
+@dataclass
+class TeacherResult(ModelResult):
+    dev: dict = field(default_factory=dict)  # the teacher's dev metrics: what the gates compare against
+    intent_slots: dict | None = None  # intent -> slots seen with it in train, when the whitelist pays
+    intent_slots_choice: dict | None = None  # measured with the teacher on dev: with and without the whitelist
+
+
+@dataclass
+class TrimResult(ModelResult):
+    pass
+
+
+@dataclass
+class PruneResult(ModelResult):
+    kept_layers: list[int] = field(default_factory=list)  # teacher layers the student's layers came from
+    target_params: int = 0
+
+
+@dataclass
+class DistillResult(ModelResult):
+    tries: list[dict] = field(default_factory=list)
+    over_budget: dict | None = None  # the best try missed the budget: {"stage", "drops", "budget"}
+
+
+@dataclass
+class QuantizeResult(ModelResult):
+    """INT8 for XNNPACK. The quantized module has no file format of its own: a later stage that needs it rebuilds
+    it from the FP32 model with the recorded layer choices (`_loader`)."""
+
+    fp32_layers: list[str] = field(default_factory=list)
+    weight4_layers: list[str] = field(default_factory=list)
+
+    def save(self, work: Path) -> None:
+        self.tokenizer.save(work / TOKENIZER)
+
+
+@dataclass
+class ExportResult(StageResult):
+    decoding: dict = field(default_factory=dict)  # the decoding graph's settings (policy, threshold, tables)
+    files: dict = field(default_factory=dict)  # runtime -> file name in dir (with decoding); raw.* beside them
+
+
+@dataclass
+class FuseResult(StageResult):
+    files: dict = field(default_factory=dict)  # runtime -> fused file in dir (and unfused.* beside it)
+
+
+@dataclass
+class PackageResult(StageResult):
+    latency: dict = field(default_factory=dict)
+    package: dict = field(default_factory=dict)
+
+
+RESULT_TYPES = {"teacher": TeacherResult, "trim_vocab": TrimResult, "prune": PruneResult, "distill": DistillResult,
+                "quantize": QuantizeResult, "export": ExportResult, "fuse": FuseResult, "package": PackageResult}
+MODEL_STAGES = ("teacher", "trim_vocab", "prune", "distill", "quantize")
+
+
+@dataclass
+class Context:
+    """The build's live inputs, and the results of the stages that ran (or were reused) so far."""
+
+    cfg: BuildConfig
+    settings: Settings
+    target: Target
+    data: Dataset
+    out: Path
+    max_len: int
+    length_stats: dict
+    base_tokenizer: SentencePieceTokenizer  # the base vocabulary as SentencePiece
+    base_rows: list[int]  # base WordPiece row per teacher SentencePiece id
+    stages: list[str]
+    cache: StageCache
+    input_digest: str  # data files + base model weights: the teacher's input key
+    base_model: Path | None = None  # the base encoder's folder
+    work: Path | None = None  # the running stage's cache work folder, for its files
+    teacher: TeacherResult | None = None
+    trim_vocab: TrimResult | None = None
+    prune: PruneResult | None = None
+    distill: DistillResult | None = None
+    quantize: QuantizeResult | None = None
+    export: ExportResult | None = None
+    fuse: FuseResult | None = None
+    package: PackageResult | None = None
+
+    @property
+    def labels(self) -> dict:
+        return labels_of(self.data)
+
+    def latest(self, before: str | None = None) -> ModelResult:
+        """The most recent model stage's result (that ran before `before`, when given)."""
+        names = MODEL_STAGES[: MODEL_STAGES.index(before)] if before in MODEL_STAGES else MODEL_STAGES
+        return next(getattr(self, n) for n in reversed(names) if getattr(self, n) is not None)
+
+    @property
+    def model(self):
+        return self.latest().model
+
+    @property
+    def tokenizer(self) -> SentencePieceTokenizer:
+        return self.latest().tokenizer
+
+    def fp32(self) -> ModelResult:
+        """The FP32 model the package is made from (ONNX Runtime quantizes its own export of it)."""
+        return self.latest("quantize")
+
+    def results(self) -> list[tuple[str, StageResult]]:
+        return [(n, getattr(self, n)) for n in self.stages if getattr(self, n) is not None]

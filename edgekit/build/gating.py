@@ -1,0 +1,69 @@
+"""Accuracy gates and back-off, shared by `trim_vocab` and `distill`.
+
+A gate compares a stage's dev metrics with the teacher's against the profile's [budget]. On a miss the next try
+is sized from the miss (how far past the budget the worst drop is), within the profile's caps. When no try
+meets the budget the build keeps the best one: it ships marked over budget (exit code 3), or with --strict
+fails with no package.
+"""
+
+from __future__ import annotations
+
+import math
+
+from edgekit.build.context import Context
+from edgekit.errors import EdgekitError
+
+OVER_BUDGET_EXIT = 3
+
+
+class BudgetMissed(EdgekitError):
+    """No try met the accuracy budget and --strict was given."""
+
+    exit_code = OVER_BUDGET_EXIT
+
+
+def budget(ctx: Context) -> dict:
+    b = ctx.settings.budget
+    return {"intent_drop_pts": b.intent_drop_pts, "slot_f1_drop_pts": b.slot_f1_drop_pts}
+
+
+def gate(ctx: Context, dev: dict) -> tuple[bool, dict]:
+    """Dev drops against the teacher (points on a 0-100 scale), and whether all are within the budget."""
+    teacher = ctx.teacher.dev
+    drops = {"intent_drop_pts": 100 * (teacher["intent_acc"] - dev["intent_acc"])}
+    if dev.get("slot_f1") is not None:
+        drops["slot_f1_drop_pts"] = 100 * (teacher["slot_f1"] - dev["slot_f1"])
+    b = budget(ctx)
+    ok = all(v <= b.get(k, math.inf) + 1e-9 for k, v in drops.items())
+    return ok, {k: round(v, 3) for k, v in drops.items()}
+
+
+def growth(ctx: Context, drops: dict, lo: float = 1.1, hi: float = 2.0) -> float:
+    """How much larger the next try should be, from the miss: 1 + half the worst drop's excess over its budget,
+    relative to the budget (a 1.0-pt drop on a 0.5-pt budget: x1.5), clipped to [lo, hi]."""
+    b = budget(ctx)
+    excess = max((v - b[k]) / max(b[k], 0.1) for k, v in drops.items())
+    return min(hi, max(lo, 1 + excess / 2))
+
+
+def score_of(t: dict) -> float:
+    """Smaller is better: the sum of the drops past their budgets (then the sum of the drops)."""
+    return sum(t["drops"].values())
+
+
+def best_try(tries: list[dict]) -> int:
+    passed = [i for i, t in enumerate(tries) if t["passed"]]
+    return passed[-1] if passed else min(range(len(tries)), key=lambda i: score_of(tries[i]))
+
+
+def settle(ctx: Context, stage: str, tries: list[dict]) -> dict | None:
+    """After the last try: None when the best try passed; else the over-budget note (the build ships the best try
+    marked over budget, or under --strict stops once the report shows the tries)."""
+    best = tries[best_try(tries)]
+    if best["passed"]:
+        return None
+    b = ", ".join(f"{k} <= {v}" for k, v in budget(ctx).items())
+    figs = ", ".join(f"{k} {v}" for k, v in best["drops"].items())
+    msg = (f"stage {stage}: dev accuracy budget ({b}) not met in {len(tries)} tries; best reached {figs} "
+           f"({best['setting']})")
+    return {"stage": stage, "message": msg, "drops": best["drops"], "budget": budget(ctx)}

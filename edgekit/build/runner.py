@@ -1,0 +1,204 @@
+"""`edgekit build`: the stage registry and the run loop.
+
+Each stage is `run(ctx) -> StageResult`, registered with `@stage(name)`. The loop resolves the settings, checks
+every input, then for each stage computes its cache key: a matching entry is reused (the log and the report say
+so, with the key), anything else runs and is stored. After each stage report.json and report.md are rewritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from edgekit import __version__
+from edgekit.build.cache import StageCache, default_dir, digest_files, stage_key
+from edgekit.build.config import STAGE_TABLES, BuildConfig, resolve
+from edgekit.build.context import RESULT_TYPES, Context, ModelResult, StageResult
+from edgekit.data import load_dataset
+from edgekit.errors import EdgekitError
+from edgekit.io import write_json, write_text
+from edgekit.model import default_base_model
+from edgekit.report import render_markdown
+from edgekit.runtime.tokenizer import WordPieceTokenizer
+from edgekit.vocab import from_wordpiece
+
+log = logging.getLogger("edgekit")
+REGISTRY: dict[str, Callable[[Context], StageResult]] = {}
+EXPORT_STAGES = ("export", "fuse", "package")  # their output depends on the target's runtimes
+
+
+def stage(name: str):
+    """Register `run(ctx) -> StageResult` as the stage `name`. A module may also define `attach(ctx, result)`,
+    called on every result, made or reused (a lazy loader, or publishing files)."""
+    def register(fn):
+        REGISTRY[name] = fn
+        return fn
+    return register
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every generator a stage may draw from, before it creates any module (fresh heads included)."""
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def choose_max_len(tokenizer, texts: list[str], cap: int, bucket_percentiles: list[int] = ()) -> tuple[int, dict]:
+    """p99 of piece counts ([CLS] and [SEP] included), rounded up to a multiple of 8, at most `cap`. Length
+    buckets: the `bucket_percentiles` of piece counts rounded up the same way, those below max_len (SNIPS: p50
+    12 -> 16, p90 19 -> 24 = max_len: buckets [16])."""
+    lengths = np.array([tokenizer.length(t) for t in texts])
+    p99 = float(np.percentile(lengths, 99))
+    L = min(cap, max(8, int(math.ceil(p99 / 8)) * 8))
+    buckets = {max(8, int(math.ceil(np.percentile(lengths, q) / 8)) * 8) for q in bucket_percentiles}
+    return L, {"p50": float(np.percentile(lengths, 50)), "p99": p99, "max": int(lengths.max()),
+               "truncated_share": float((lengths > L).mean()), "max_len": L,
+               "buckets": sorted(b for b in buckets if b < L)}
+
+
+def _data_files(path: str) -> list[Path]:
+    p = Path(path)
+    return [p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file())
+
+
+def prepare(cfg: BuildConfig) -> Context:
+    """Resolve and check everything before any work: settings, target, data, base model, sequence length."""
+    target, settings = resolve(cfg)
+    data = load_dataset(cfg.data, cfg.format, cfg.seed)
+    base = Path(cfg.base_model) if cfg.base_model else default_base_model()
+    for name in ("vocab.txt", "model.safetensors"):
+        if not (base / name).is_file():
+            raise EdgekitError(f"{base / name}: missing; the base model folder needs config.json, "
+                               "model.safetensors and vocab.txt")
+    tokenizer, rows = from_wordpiece(WordPieceTokenizer.from_file(base / "vocab.txt").vocab)
+    texts = [ex.text for s in ("train", "dev") for ex in data.splits[s]]
+    hf = json.loads((base / "config.json").read_text()) if (base / "config.json").is_file() else {}
+    max_len, stats = choose_max_len(tokenizer, texts, hf.get("max_position_embeddings", 512), target.bucket_percentiles)
+    pk = settings.package
+    if pk.max_len:
+        max_len = stats["max_len"] = pk.max_len
+    # shorter fixed lengths for ExecuTorch; package.buckets overrides the profile's percentiles
+    stats["buckets"] = sorted({b for b in (stats["buckets"] if pk.buckets is None else pk.buckets) if b < max_len})
+    unknown = [i for i in cfg.intents or [] if i not in data.intents]
+    if unknown:
+        raise EdgekitError(f"--intents: unknown intent {unknown[0]!r}; {cfg.data} has: {', '.join(data.intents)}")
+    digest = digest_files(_data_files(cfg.data) + [base / "model.safetensors", base / "vocab.txt"])
+    ctx = Context(cfg, settings, target, data, Path(cfg.out), max_len, stats, tokenizer, rows, target.stages,
+                  StageCache(default_dir(cfg.cache)), digest, base_model=base)
+    return ctx
+
+
+def key_of(ctx: Context, name: str, input_key: str) -> str:
+    """The stage's cache key: its name, the settings it reads, the build facts it depends on, its input's key."""
+    facts = {"task": ctx.cfg.task, "seed": ctx.cfg.seed, "intents": ctx.cfg.intents, "format": ctx.cfg.format,
+             "max_len": ctx.max_len}
+    if name in EXPORT_STAGES:
+        t = ctx.target
+        facts.update(runtimes=t.runtimes, primary=t.primary_runtime, threads=t.bench_threads, profile=t.name,
+                     buckets=ctx.length_stats["buckets"])
+    tables = {t: dataclasses.asdict(getattr(ctx.settings, t)) for t in STAGE_TABLES[name]}
+    return stage_key(name, {"tables": tables, "facts": facts}, input_key)
+
+
+def _attach(ctx: Context, name: str, res: StageResult) -> None:
+    hook = getattr(sys.modules[REGISTRY[name].__module__], "attach", None)
+    if hook:
+        hook(ctx, res)
+
+
+def run_stage(ctx: Context, name: str, key: str) -> StageResult:
+    """Reuse the stage's cache entry, or run it and store its result."""
+    entry = ctx.cache.get(name, key)
+    if entry is not None:
+        res = RESULT_TYPES[name].load(entry.result, entry.path)
+        res.key, res.reused = key, True
+        log.info("stage %s: reused from the cache (key %s)", name, entry.short)
+        return res
+    log.info("stage %s (key %s)", name, key[:12])
+    seed_everything(ctx.cfg.seed)  # each stage starts from the same state, whichever stages ran before it
+    ctx.work = ctx.cache.workdir(name)
+    try:
+        res = REGISTRY[name](ctx)
+        res.save(ctx.work)
+        entry = ctx.cache.put(name, key, ctx.work, res.to_json())
+    except BaseException:
+        shutil.rmtree(ctx.work, ignore_errors=True)
+        raise
+    finally:
+        ctx.work = None
+    res.key, res.dir = key, entry.path
+    return res
+
+
+def report(ctx: Context) -> dict:
+    """report.json's content, from the typed results so far."""
+    done = ctx.results()
+    rows = []
+    latency = ctx.package.latency if ctx.package else {}
+    shipped = {rt: {k: lat[k] for k in ("p50_ms", "p99_ms")} for rt, lat in latency.items()}
+    for name, res in done:
+        row = dict(res.row, reused=res.reused, key=res.key)
+        if name in ("fuse", "package") and shipped:
+            row["latency"] = shipped
+        elif name == "export" and shipped:  # as exported: ONNX before fusion
+            row["latency"] = {rt: latency[rt].get("unfused", v) for rt, v in shipped.items()}
+        rows.append(row)
+    over = [r.record["extra"]["over_budget"] for _, r in done if r.record.get("extra", {}).get("over_budget")]
+    quant = ctx.quantize.record["extra"].get("quant_layers") if ctx.quantize else None
+    return {"edgekit": __version__, "task": ctx.cfg.task, "target": ctx.target.name,
+            "dataset": {**ctx.data.summary(), "lengths": ctx.length_stats}, "stages": rows,
+            "package": ctx.package.package if ctx.package else {}, "latency": latency,
+            "config": {"settings": ctx.settings.to_dict(), "seed": ctx.cfg.seed, "stages": ctx.stages,
+                       "intents": ctx.cfg.intents, "target": ctx.target.source, "cache": str(ctx.cache.root)},
+            "budget": {"intent_drop_pts": ctx.settings.budget.intent_drop_pts,
+                       "slot_f1_drop_pts": ctx.settings.budget.slot_f1_drop_pts},
+            "over_budget": over or None, "quant_layers": quant, "passes": [r.record for _, r in done]}
+
+
+def build(cfg: BuildConfig, on_stage=None) -> dict:
+    """Run (or reuse) the stages; returns report.json's content. `on_stage(name, row)` after each stage."""
+    import edgekit.build.stages  # noqa: F401  (the stages register on import)
+    from edgekit.build.gating import BudgetMissed
+    from edgekit.perf import tune_allocator
+    from edgekit.runtime.backends import set_threads
+
+    tune_allocator()
+    ctx = prepare(cfg)
+    # XNNPACK's pool size can only be set before the first program loads; latency is measured on it.
+    set_threads(ctx.target.bench_threads)
+    key = ctx.input_digest
+    for name in ctx.stages:
+        t0 = time.perf_counter()
+        key = key_of(ctx, name, key)
+        try:
+            res = run_stage(ctx, name, key)
+        except ValueError as e:  # a pass setting that cannot hold for this data (e.g. a budget below its floor)
+            raise EdgekitError(f"stage {name}: {e}") from None
+        setattr(ctx, name, res)
+        _attach(ctx, name, res)
+        rep = report(ctx)
+        ctx.out.mkdir(parents=True, exist_ok=True)
+        write_json(ctx.out / "report.json", rep)
+        write_text(ctx.out / "report.md", render_markdown(rep))
+        over = res.record.get("extra", {}).get("over_budget")
+        if over and cfg.strict:
+            raise BudgetMissed(over["message"] + "; --strict: no package written. Every try is in the cache: loosen "
+                               "the budget (--set budget.intent_drop_pts=...) or compress less")
+        if on_stage:
+            on_stage(name, dict(res.row, reused=res.reused, key=key[:12], wall=time.perf_counter() - t0))
+    for name, res in ctx.results():  # free the models: the report is what the caller gets
+        if isinstance(res, ModelResult):
+            res._model = None
+    return report(ctx)

@@ -1,0 +1,97 @@
+"""Stage `distill`: the pruned student learns from the teacher; gate on dev; on a miss, prune less and distil again.
+
+Each try (the pruned size and the distilled student) is its own cache entry, so a rerun with a looser budget or
+more retries starts from the tries already made.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import time
+
+from edgekit.build.cache import stage_key
+from edgekit.build.context import Context, DistillResult, stage_row
+from edgekit.build.evaluate import evaluate
+from edgekit.build.gating import best_try, gate, growth, settle
+from edgekit.build.runner import seed_everything, stage
+from edgekit.build.stages.prune import prune_to, target_params
+from edgekit.converters.distill import DistillInputs, distill
+from edgekit.model import count_params, load_model, save_model
+from edgekit.record import PassRecord
+
+log = logging.getLogger("edgekit")
+
+
+def _try(ctx: Context, attempt: int, target: int) -> tuple:
+    """One try: prune to `target` (the prune stage's own student on the first try), then distil. Cached."""
+    key = stage_key("distill_try", {"distill": dataclasses.asdict(ctx.settings.distill), "target": target,
+                                    "prune_layers": ctx.settings.compress.prune_layers},
+                    ctx.latest("distill").key)
+    entry = ctx.cache.get("distill_try", key)
+    if entry is not None:
+        log.info("distill try %d: reused from the cache (%s)", attempt + 1, key[:12])
+        r = entry.result
+        return load_model(entry.path / "model.safetensors"), PassRecord.from_dict(r["record"]), r["dev"], r["prune"]
+    seed_everything(ctx.cfg.seed)
+    if ctx.prune is None:  # no pruning in this build: distil into a copy of the previous model
+        student, kept, prune_rec = ctx.latest("distill").model, None, None
+    elif attempt == 0 or target == ctx.prune.target_params:
+        student, kept, prune_rec = ctx.prune.model, ctx.prune.kept_layers, ctx.prune.record
+    else:
+        pr = prune_to(ctx, target)
+        student, kept, prune_rec = pr.model, pr.record.extra["kept_layers"], pr.record.to_dict()
+    # Each student layer matches the teacher layer it was pruned from (state index = layer + 1).
+    inputs = DistillInputs(teacher=ctx.teacher.model, teacher_tokenizer=ctx.teacher.tokenizer,
+                           student_tokenizer=ctx.tokenizer, train=ctx.data.splits["train"],
+                           dev=ctx.data.splits["dev"], labels=ctx.labels, max_len=ctx.max_len,
+                           layer_map=[k + 1 for k in kept] if kept is not None else None,
+                           evaluate=lambda m: evaluate(ctx, m, ctx.tokenizer, "dev"))  # epochs chosen as shipped
+    res = distill(copy.deepcopy(student), inputs, ctx.settings.distill)
+    dev = res.record.extra.pop("best_dev")  # dev metrics of the kept epoch, computed during distillation
+    prune_info = {k: prune_rec["extra"][k] for k in ("target_params", "nonembedding_after", "kept_layers")} \
+        if prune_rec else None
+    work = ctx.cache.workdir("distill_try")
+    save_model(res.model, work / "model.safetensors")
+    ctx.cache.put("distill_try", key, work, {"record": res.record.to_dict(), "dev": dev, "prune": prune_info})
+    return res.model, res.record, dev, prune_info
+
+
+@stage("distill")
+def run(ctx: Context) -> DistillResult:
+    t0 = time.perf_counter()
+    c, scale, tries, kept = ctx.settings.compress, 1.0, [], None
+    target, cap = target_params(ctx) if ctx.prune is not None else (0, 0)  # no pruning: nothing to back off
+    for attempt in range(c.max_retries + 1):
+        model, rec, dev, prune_info = _try(ctx, attempt, target)
+        ok, drops = gate(ctx, dev)
+        nonemb = count_params(model, embeddings=False)
+        tries.append({"setting": f"prune target x{scale:.2f}, {nonemb:,} non-embedding params", "dev": dev,
+                      "drops": drops, "passed": ok, "prune": prune_info})
+        if best_try(tries) == len(tries) - 1:
+            kept = (model, rec)
+        log.info("distill try %d: dev drops %s -> %s", attempt + 1, drops, "pass" if ok else "back off")
+        if ok or attempt == c.max_retries:
+            break
+        if target >= cap:
+            log.info("distill: the student is at the profile's cap (%d non-embedding params); no larger try", cap)
+            break
+        scale *= growth(ctx, drops)
+        target, _ = target_params(ctx, scale)
+    over = settle(ctx, "distill", tries)
+    model, rec = kept
+    rec.metrics = evaluate(ctx, model, ctx.tokenizer, "test")
+    teacher = ctx.teacher.model
+    rec.extra.update(tries=tries, nonembedding_params=count_params(model, embeddings=False),
+                     share_of_teacher_nonembedding=count_params(model, embeddings=False)
+                     / count_params(teacher, embeddings=False),
+                     share_of_teacher_total=count_params(model) / count_params(teacher),
+                     caps={"param_share": c.max_param_share or c.param_share,
+                           "total_share": c.max_total_share or c.total_share})
+    if over:
+        rec.extra["over_budget"] = over
+        rec.warnings.append(over["message"])
+    rec.seconds = time.perf_counter() - t0
+    row = stage_row("distill", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds)
+    return DistillResult(rec.to_dict(), row, tries=tries, over_budget=over, _model=model, _tokenizer=ctx.tokenizer)

@@ -1,0 +1,129 @@
+"""Stage `package`: tokenizer, labels and manifest beside the models; the package reloaded as an app would open
+it and measured. The package is made in the stage's cache entry and copied into OUT/ (file by file, each
+written to a temp file and renamed), so a reused package lands in OUT/ the same way."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from edgekit import __version__
+from edgekit.build.context import Context, PackageResult, stage_row
+from edgekit.build.runner import stage
+from edgekit.build.stages.export import MODEL_FILES
+from edgekit.build.stages.fuse import model_file
+from edgekit.io import write_bytes, write_json
+from edgekit.model import count_params
+from edgekit.record import PassRecord
+from edgekit.runtime.decode import OOS
+from edgekit.runtime.package import MANIFEST, SCHEMA_VERSION, Package, sha256
+from edgekit.training import score
+
+
+def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
+    dec = ctx.export.decoding
+    n_int, L = len(ctx.data.intents), ctx.max_len
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created_by": f"edgekit {__version__}",
+        "task": ctx.cfg.task,
+        "profile": ctx.target.name,
+        "max_len": L,
+        # BERT's basic pre-tokenizer (clean, lowercase, strip accents, split punctuation) runs before SentencePiece.
+        "tokenizer": {"type": "sentencepiece", "file": "tokenizer.model", "pretokenizer": "bert_basic",
+                      "lowercase": ctx.tokenizer.lowercase, "vocab_size": ctx.tokenizer.vocab_size},
+        "labels": "labels.json",
+        "label_sets": {"intents": n_int, "slot_tags": len(ctx.data.slot_tags)},
+        "inputs": [{"name": "input_ids", "dtype": "int64", "shape": [1, L]},
+                   {"name": "attention_mask", "dtype": "int64", "shape": [1, L]},
+                   {"name": "word_pos", "dtype": "int64", "shape": [1, L - 2]},
+                   {"name": "intent_mask", "dtype": "bool", "shape": [n_int]},
+                   {"name": "reject", "dtype": "bool", "shape": [1]}],
+        "outputs": ["intent", "confidence"] + (["tags"] if ctx.data.has_slots else []),
+        # The graph decodes: intent id (the id after the last intent is the reserved oos answer unless the data
+        # has its own oos class), its confidence over the allowed intents, and one BIO tag id per word.
+        "decoding": {k: dec[k] for k in ("policy", "threshold", "oos_id", "allowed_intents")}
+        | {"oos_answer": ctx.data.oos_label or OOS},
+        "models": {r: MODEL_FILES[r] for r in ctx.target.runtimes},
+        # Length buckets: one method per fixed length (shortest first); an app runs the shortest that holds the
+        # utterance's pieces, with its inputs cut to that length. "forward" is the full length.
+        **({"buckets": buckets} if buckets else {}),
+        "primary_runtime": ctx.target.primary_runtime,
+        "files": {f: {"sha256": sha256(ctx.work / f), "bytes": (ctx.work / f).stat().st_size} for f in files},
+    }
+
+
+def _bucket_use(ctx: Context, texts: list[str], buckets: list[dict] | None) -> dict | None:
+    """How many of the measured utterances each length bucket runs ({length: count})."""
+    if not buckets:
+        return None
+    from edgekit.runtime.backends import pick_bucket
+
+    lengths = [b["max_len"] for b in buckets]
+    used = Counter(pick_bucket(lengths, ctx.tokenizer.length(t)) for t in texts)
+    return {str(L): used.get(L, 0) for L in lengths}
+
+
+def measure(ctx: Context, buckets: dict) -> dict:
+    """Latency of each runtime's package graph, without decoding and before fusion, in a fresh process."""
+    from edgekit.bench import in_fresh_process
+
+    texts = [ex.text for ex in ctx.data.splits["test"][: ctx.settings.package.bench_utterances]]
+    threads, latency = ctx.target.bench_threads, {}
+    for runtime in ctx.target.runtimes:
+        raw_path = model_file(ctx, runtime, raw=True)
+        unfused = raw_path.with_name("unfused." + MODEL_FILES[runtime])
+        lat, lat_raw, *lat_unfused = in_fresh_process(
+            "decoding_latency", package=str(ctx.work), runtime=runtime, raw_path=str(raw_path), texts=texts,
+            threads=threads, unfused_path=str(unfused) if unfused.is_file() else None)
+        latency[runtime] = {"p50_ms": round(lat["p50_ms"], 3), "p99_ms": round(lat["p99_ms"], 3),
+                            "threads": threads, "n": lat["n"], "max_len": ctx.max_len,
+                            "buckets": _bucket_use(ctx, texts, buckets.get(runtime)),
+                            "without_decoding": {"p50_ms": round(lat_raw["p50_ms"], 3),
+                                                 "p99_ms": round(lat_raw["p99_ms"], 3)},
+                            "decoding_overhead": lat["p50_ms"] / lat_raw["p50_ms"] - 1}
+        if lat_unfused:
+            latency[runtime]["unfused"] = {k: round(lat_unfused[0][k], 3) for k in ("p50_ms", "p99_ms")}
+    return latency
+
+
+@stage("package")
+def run(ctx: Context) -> PackageResult:
+    from edgekit.runtime.predictor import Predictor
+
+    t0 = time.perf_counter()
+    export = ctx.export.record["extra"]
+    buckets = {r: export[r]["extra"]["buckets"] for r in ctx.target.runtimes
+               if len(export[r]["extra"].get("buckets", [])) > 1}
+    for runtime in ctx.target.runtimes:
+        write_bytes(ctx.work / MODEL_FILES[runtime], model_file(ctx, runtime).read_bytes())
+    ctx.tokenizer.save(ctx.work / "tokenizer.model")
+    write_json(ctx.work / "labels.json", ctx.labels)
+    files = ["tokenizer.model", "labels.json"] + [MODEL_FILES[r] for r in ctx.target.runtimes]
+    man = manifest(ctx, files, buckets)
+    write_json(ctx.work / MANIFEST, man)
+    pkg = Package.load(ctx.work)
+    sizes = {f: m["bytes"] for f, m in man["files"].items()}
+    sizes[MANIFEST] = (ctx.work / MANIFEST).stat().st_size
+    shared = sum(b for f, b in sizes.items() if f not in MODEL_FILES.values())
+    per_runtime = {r: shared + sizes[MODEL_FILES[r]] for r in ctx.target.runtimes}
+    info = {"size_bytes": per_runtime[ctx.target.primary_runtime], "runtime": ctx.target.primary_runtime,
+            "size_bytes_per_runtime": per_runtime, "files": sizes}
+    latency = measure(ctx, buckets)
+    rec = PassRecord("package", params_after=count_params(ctx.fp32().model), bytes_after=info["size_bytes"])
+    # the package as shipped, opened as an app opens it
+    p, test = Predictor.open(pkg, ctx.target.primary_runtime, threads=ctx.target.bench_threads), ctx.data.splits["test"]
+    rec.metrics = score(test, [p.predict(ex.text, warn=False) for ex in test], ctx.labels)
+    rec.extra = {"latency": latency, "package": info}
+    rec.seconds = time.perf_counter() - t0
+    row = stage_row("package", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds)
+    row["runtime"] = ctx.target.primary_runtime
+    return PackageResult(rec.to_dict(), row, latency=latency, package=info)
+
+
+def attach(ctx: Context, res: PackageResult) -> None:
+    """Publish the package (made or reused) into OUT/: each file temp-then-rename, the manifest last."""
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    names = sorted(res.package["files"], key=lambda f: f == MANIFEST)
+    for name in names:
+        write_bytes(ctx.out / name, (res.dir / name).read_bytes())

@@ -1,0 +1,67 @@
+"""Stage `trim_vocab`: the task vocabulary as SentencePiece; gate on dev; back off to a larger vocabulary."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from pathlib import Path
+
+from edgekit.build.context import Context, TrimResult, stage_row
+from edgekit.build.evaluate import argmax_answers, evaluate
+from edgekit.build.gating import best_try, gate, growth, settle
+from edgekit.build.runner import stage
+from edgekit.converters.trim_vocab import TrimVocabConfig, trim_vocab
+
+log = logging.getLogger("edgekit")
+
+
+def corpus(ctx: Context) -> list[str]:
+    """Task utterances whose pieces the vocabulary keeps: train + dev, plus compress.vocab_corpus lines."""
+    texts = [ex.text for s in ("train", "dev") for ex in ctx.data.splits[s]]
+    extra = ctx.settings.compress.vocab_corpus
+    if extra:
+        texts += [line for line in Path(extra).read_text(encoding="utf-8").splitlines() if line.strip()]
+    return texts
+
+
+@stage("trim_vocab")
+def run(ctx: Context) -> TrimResult:
+    t0 = time.perf_counter()
+    c, prev = ctx.settings.compress, ctx.latest("trim_vocab")
+    texts = corpus(ctx)
+    budget, tries, best = c.vocab_budget, [], None
+    for attempt in range(c.max_retries + 1):
+        cfg = TrimVocabConfig(budget, ctx.max_len, c.embedding_rank)
+        res = trim_vocab(copy.deepcopy(prev.model), prev.tokenizer, texts, cfg)
+        dev = evaluate(ctx, res.model, res.tokenizer, "dev")
+        ok, drops = gate(ctx, dev)
+        tries.append({"setting": f"vocabulary budget {budget or 'none'}", "dev": dev, "drops": drops, "passed": ok})
+        if best_try(tries) == len(tries) - 1:
+            best = (res, budget)
+        log.info("trim_vocab try %d: %d pieces, dev drops %s -> %s", attempt + 1, res.tokenizer.vocab_size, drops,
+                 "pass" if ok else "back off")
+        if ok or budget is None:
+            break
+        grown = int(budget * growth(ctx, drops))
+        budget = grown if grown < res.record.extra["vocab_task"] else None  # past the task vocabulary: all of it
+    over = settle(ctx, "trim_vocab", tries)
+    (res, budget) = best
+    model, tok, rec = res.model, res.tokenizer, res.record
+    rec.metrics = evaluate(ctx, model, tok, "test")
+    answers = argmax_answers(ctx, model, tok)
+    teacher = argmax_answers(ctx, ctx.teacher.model, ctx.teacher.tokenizer)
+    rec.extra["intent_agreement_with_teacher"] = sum(a["intent"] == b["intent"]
+                                                     for a, b in zip(answers, teacher)) / len(answers)
+    if budget is not None:  # the accuracy cost of the budget: the same trim at the full task vocabulary
+        full = trim_vocab(copy.deepcopy(prev.model), prev.tokenizer, texts,
+                          TrimVocabConfig(None, ctx.max_len, c.embedding_rank))
+        rec.extra["full_vocab"] = {"vocab": full.record.extra["vocab_after"], "params": full.record.params_after,
+                                   "test": evaluate(ctx, full.model, full.tokenizer, "test")}
+    rec.extra["tries"] = tries
+    if over:
+        rec.extra["over_budget"] = over
+        rec.warnings.append(over["message"])
+    rec.seconds = time.perf_counter() - t0
+    row = stage_row("trim_vocab", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds)
+    return TrimResult(rec.to_dict(), row, _model=model, _tokenizer=tok)
