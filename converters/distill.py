@@ -8,14 +8,12 @@ computed once up front: the teacher never runs inside the training loop.
 
 from __future__ import annotations
 
-import copy
 import math
 import random
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -23,17 +21,7 @@ from edgekit.data import swap_mentions
 from edgekit.model import JointModel, count_params, enable_word_pool, param_bytes
 from edgekit.record import PassRecord, PassResult
 from edgekit.runtime.tokenizer import WORD_START
-from edgekit.training import (
-    IGNORE,
-    _progress,
-    collate,
-    dev_score,
-    epoch_batches,
-    featurize,
-    predict_eager,
-    score,
-    warmup_linear,
-)
+from edgekit.training import IGNORE, collate, featurize, fit, predict_eager, score
 
 
 @dataclass
@@ -79,7 +67,7 @@ class DistillConfig:
     word_pool: bool = False
 
     def __post_init__(self):
-        if self.temperature <= 0:
+        if not 0 < self.temperature < math.inf:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if not 0 <= self.alpha <= 1:
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
@@ -89,10 +77,12 @@ class DistillConfig:
             raise ValueError(f"augment must be >= 0, got {self.augment}")
         if not 0 <= self.novel <= 1:
             raise ValueError(f"novel must be in [0, 1], got {self.novel}")
-        if not 0 < self.lr < 1 or self.batch_size < 1:
-            raise ValueError(f"lr must be in (0, 1) and batch_size >= 1, got {self.lr}, {self.batch_size}")
-        if self.hidden_weight < 0:
-            raise ValueError(f"hidden_weight must be >= 0, got {self.hidden_weight}")
+        if not 0 < self.lr < 1:
+            raise ValueError(f"lr must be in (0, 1), got {self.lr}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not 0 <= self.hidden_weight < math.inf:
+            raise ValueError(f"hidden_weight must be a finite number >= 0, got {self.hidden_weight}")
 
 
 def novel_words(teacher_tokenizer, student_tokenizer, min_chars: int = 3) -> list[str]:
@@ -172,61 +162,40 @@ def distill(model: JointModel, inputs: DistillInputs, cfg: DistillConfig) -> Pas
     t_pos_n = [_word_positions(t_feats, i) for i in range(len(t_feats.ids))]
     tag_id = {t: k for k, t in enumerate(x.labels["slot_tags"])}
     word_tags = [[tag_id.get(t, IGNORE) for t in (ex.tags or [])] for ex in train]
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-    steps = math.ceil(len(s_feats.ids) / cfg.batch_size)
-    steps = min(steps, cfg.steps_limit) if cfg.steps_limit else steps
-    total = steps * cfg.epochs
-    sched = warmup_linear(opt, total, cfg.warmup)
-    best, best_score, curve = None, -1.0, []
-    bar = _progress(total, "distill")
+    groups = [{"params": [p for p in model.parameters() if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}]
     lengths = [len(x) for x in s_feats.ids]  # batches grouped by length: less padding per step
-    for epoch in range(cfg.epochs):
-        model.train()
-        losses = []
-        for idx in epoch_batches(len(s_feats.ids), cfg.batch_size, steps, rng, lengths):
-            ids, mask, intents, slots = collate(s_feats, idx, x.student_tokenizer.pad_id)
-            states = model.encode(ids, mask)
-            out = model.heads(states[-1], ids, mask)
-            loss = kd_loss(out[0], t_intent[idx], intents, cfg.temperature, cfg.alpha)
-            # Truncation may keep fewer words on one side: match the words both kept.
-            n = [min(len(s_pos[i]), len(t_pos_n[i])) for i in idx]
-            if layer_map:
-                # Hidden states at [CLS] and each word's first piece, student layer k against its teacher layer.
-                b_idx = torch.tensor([b for b, k in enumerate(n) for _ in range(k + 1)], dtype=torch.long)
-                p_idx = torch.tensor([p for i, k in zip(idx, n) for p in [0] + s_pos[i][:k]], dtype=torch.long)
-                target = torch.cat([t_hidden[i][:, : k + 1] for i, k in zip(idx, n)], 1).float()  # (L, W, H)
-                got = torch.stack([st[b_idx, p_idx] for st in states[1:]])  # (L, W, H)
-                loss = loss + cfg.hidden_weight * F.mse_loss(got, target)
-            if len(out) > 1:
-                b_idx = torch.tensor([b for b, k in enumerate(n) for _ in range(k)], dtype=torch.long)
-                p_idx = torch.tensor([p for i, k in zip(idx, n) for p in s_pos[i][:k]], dtype=torch.long)
-                teacher_w = torch.cat([t_words[i][:k] for i, k in zip(idx, n)])  # (W, S)
-                hard_w = torch.tensor([t for i, k in zip(idx, n) for t in word_tags[i][:k]], dtype=torch.long)
-                loss = loss + kd_loss(out[1][b_idx, p_idx], teacher_w, hard_w, cfg.temperature, cfg.alpha)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            losses.append(loss.item())
-            bar.update(1)
-            bar.set_postfix(epoch=epoch + 1, loss=f"{np.mean(losses[-50:]):.4f}", refresh=False)
-        model.eval()
-        m = x.evaluate(model) if x.evaluate else score(
-            x.dev, predict_eager(model, x.dev, x.student_tokenizer, x.labels, x.max_len), x.labels)
-        curve.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)) if losses else None,
-                      "dev": {k: m[k] for k in ("intent_acc", "slot_f1", "slot_f1_argmax", "exact_match") if k in m}})
-        bar.write(f"distill epoch {epoch + 1}: loss {curve[-1]['train_loss']:.4f}  dev intent {m['intent_acc']:.4f}"
-                  + (f"  slot F1 {m['slot_f1']:.4f}" if m["slot_f1"] is not None else ""))
-        if dev_score(m) > best_score:
-            best_score, best = dev_score(m), copy.deepcopy(model.state_dict())
-            rec.extra.update(best_epoch=epoch + 1, best_dev=m)  # the kept model's dev metrics (no second pass)
-    bar.close()
-    model.load_state_dict(best)
-    model.eval()
+
+    def step_loss(idx):
+        ids, mask, intents, slots = collate(s_feats, idx, x.student_tokenizer.pad_id)
+        states = model.encode(ids, mask)
+        out = model.heads(states[-1], ids, mask)
+        loss = kd_loss(out[0], t_intent[idx], intents, cfg.temperature, cfg.alpha)
+        # Truncation may keep fewer words on one side: match the words both kept.
+        n = [min(len(s_pos[i]), len(t_pos_n[i])) for i in idx]
+        if layer_map:
+            # Hidden states at [CLS] and each word's first piece, student layer k against its teacher layer.
+            b_idx = torch.tensor([b for b, k in enumerate(n) for _ in range(k + 1)], dtype=torch.long)
+            p_idx = torch.tensor([p for i, k in zip(idx, n) for p in [0] + s_pos[i][:k]], dtype=torch.long)
+            target = torch.cat([t_hidden[i][:, : k + 1] for i, k in zip(idx, n)], 1).float()  # (L, W, H)
+            got = torch.stack([st[b_idx, p_idx] for st in states[1:]])  # (L, W, H)
+            loss = loss + cfg.hidden_weight * F.mse_loss(got, target)
+        if len(out) > 1:
+            b_idx = torch.tensor([b for b, k in enumerate(n) for _ in range(k)], dtype=torch.long)
+            p_idx = torch.tensor([p for i, k in zip(idx, n) for p in s_pos[i][:k]], dtype=torch.long)
+            teacher_w = torch.cat([t_words[i][:k] for i, k in zip(idx, n)])  # (W, S)
+            hard_w = torch.tensor([t for i, k in zip(idx, n) for t in word_tags[i][:k]], dtype=torch.long)
+            loss = loss + kd_loss(out[1][b_idx, p_idx], teacher_w, hard_w, cfg.temperature, cfg.alpha)
+        return loss
+
+    def evaluate(m):
+        return x.evaluate(m) if x.evaluate else score(
+            x.dev, predict_eager(m, x.dev, x.student_tokenizer, x.labels, x.max_len), x.labels)
+
+    res = fit(model, groups, len(s_feats.ids), step_loss, evaluate, epochs=cfg.epochs, batch_size=cfg.batch_size,
+              lr=cfg.lr, warmup=cfg.warmup, rng=rng, lengths=lengths, steps_limit=cfg.steps_limit, desc="distill")
+    curve = res.curve
+    rec.extra.update(best_epoch=res.best_epoch, best_dev=res.best_dev)  # the kept model's dev metrics
     rec.params_after, rec.bytes_after = count_params(model), param_bytes(model)
     rec.extra.update(curve=curve, temperature=cfg.temperature, alpha=cfg.alpha, epochs=cfg.epochs, lr=cfg.lr,
                      augmented=len(train) - len(x.train), novel_share=cfg.novel,

@@ -28,9 +28,12 @@ def render_markdown(rep: dict) -> str:
              + f"{100 * ds['lengths']['truncated_share']:.2f}% of train+dev utterances truncated).", ""]
     for note in ds.get("notes", []):
         lines.append(f"- {note}")
+    strict = rep.get("config", {}).get("strict")
     for o in rep.get("over_budget") or []:
-        lines += ["", f"**Over budget.** {o['message']}. The package is that best try; rerun with a looser "
-                  "budget or less compression (every try is in the stage cache)."]
+        lines += ["", f"**Over budget.** {o['message']}. "
+                  + ("--strict: no package was written for this build. " if strict else
+                     "The package is that best try. ")
+                  + "A looser budget reuses this stage's tries from the stage cache."]
     reused = [r["name"] for r in rep["stages"] if r.get("reused")]
     if reused:
         lines += ["", f"Reused from the stage cache (inputs and settings unchanged): {', '.join(reused)}; their "

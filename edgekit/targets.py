@@ -14,6 +14,8 @@ from pathlib import Path
 
 from edgekit.errors import EdgekitError
 
+RUNTIMES = ("executorch", "onnx")
+
 
 @dataclass(frozen=True)
 class Target:
@@ -64,6 +66,8 @@ def load_target(name: str, _seen: tuple = ()) -> Target:
     """The profile `devices/<name>.toml`, or a user's own profile given as a path to a .toml file."""
     data, where = _read(name)
     parent = data.pop("extends", None)
+    if parent and parent.endswith(".toml") and not Path(parent).is_absolute() and name.endswith(".toml"):
+        parent = str(Path(name).parent / parent)  # relative to the profile that extends it
     if parent:
         if parent in _seen:
             raise EdgekitError(f"{where}: extends {parent!r} in a loop")
@@ -81,6 +85,14 @@ def load_target(name: str, _seen: tuple = ()) -> Target:
         else:
             raise EdgekitError(f"{where}: unknown profile key {k!r}")
     try:
-        return Target(**merged, source=where)
+        target = Target(**merged, source=where)
     except TypeError as e:
         raise EdgekitError(f"{where}: {e}") from None
+    bad = [r for r in target.runtimes if r not in RUNTIMES]
+    if bad or not target.runtimes:
+        raise EdgekitError(f"{where}: runtimes must be some of {', '.join(RUNTIMES)}, got {target.runtimes}")
+    if target.primary_runtime not in target.runtimes:
+        raise EdgekitError(f"{where}: primary_runtime {target.primary_runtime!r} is not in runtimes {target.runtimes}")
+    if target.bench_threads < 1:
+        raise EdgekitError(f"{where}: bench_threads must be >= 1, got {target.bench_threads}")
+    return target

@@ -105,6 +105,10 @@ def test_full_compression_build_then_a_distill_setting_reruns_only_from_distill(
     again = build(BuildConfig(**{**cfg.__dict__, "sets": ["distill.temperature=2.0"]}))
     assert [s["reused"] for s in again["stages"]] == [True, True, True, False, False, False]
     assert next(p for p in again["passes"] if p["name"] == "distill")["extra"]["temperature"] == 2.0
+    # Another budget that keeps the same vocabulary: trim_vocab is gated again, prune and the distill try reused.
+    looser = build(BuildConfig(**{**cfg.__dict__, "sets": ["budget.intent_drop_pts=99.0"]}))
+    assert [s["reused"] for s in looser["stages"]] == [True, False, True, False, True, True]
+    assert [s["key"] for s in looser["stages"][4:]] == [s["key"] for s in rep["stages"][4:]]
 
 
 def test_distill_gate_backs_off_within_the_caps(tmp_path, tiny_bert):

@@ -27,10 +27,10 @@ RESULT = "result.json"
 def default_dir(arg: str | None = None) -> Path:
     """--cache DIR, else $EDGEKIT_CACHE, else the user's cache folder."""
     if arg:
-        return Path(arg).expanduser()
+        return Path(arg).expanduser().resolve()
     if os.environ.get("EDGEKIT_CACHE"):
-        return Path(os.environ["EDGEKIT_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "edgekit"
+        return Path(os.environ["EDGEKIT_CACHE"]).expanduser().resolve()
+    return (Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "edgekit").resolve()
 
 
 def digest_files(paths: list[Path]) -> str:
@@ -38,9 +38,10 @@ def digest_files(paths: list[Path]) -> str:
     h = hashlib.sha256()
     files = []
     for p in paths:
-        files += sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]
-    for f in files:
-        h.update(f.name.encode() + b"\0" + str(f.stat().st_size).encode() + b"\0")
+        files += sorted((x, x.relative_to(p).as_posix()) for x in p.rglob("*") if x.is_file()) if p.is_dir() \
+            else [(p, p.name)]
+    for f, name in files:
+        h.update(name.encode() + b"\0" + str(f.stat().st_size).encode() + b"\0")
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
@@ -80,11 +81,17 @@ class StageCache:
             missing = [f for f in result.get("_files", []) if not (path / f).is_file()]
             if missing:
                 raise ValueError(f"missing {missing[0]}")
+            for f in result.get("_files", []):  # a truncated file is as bad as a missing one
+                if f in result.get("_sizes", {}) and (path / f).stat().st_size != result["_sizes"][f]:
+                    raise ValueError(f"{f} has the wrong size")
         except (OSError, ValueError) as e:
             log.warning("cache entry %s/%s is unreadable (%s): rebuilding it", stage, key[:12], e)
             self.drop(stage, key)
             return None
-        os.utime(path)  # last use, for `edgekit cache prune --older-than`
+        try:
+            os.utime(path)  # last use, for `edgekit cache prune --older-than`
+        except OSError:  # a read-only cache still serves its entries
+            pass
         return Entry(stage, key, path, result)
 
     def workdir(self, stage: str) -> Path:
@@ -95,14 +102,18 @@ class StageCache:
 
     def put(self, stage: str, key: str, work: Path, result: dict) -> Entry:
         """Write result.json into `work`, then rename `work` to the entry's place (atomic on one filesystem)."""
-        result = {**result, "_files": sorted(p.name for p in work.iterdir() if p.name != RESULT),
+        files = sorted(p for p in work.iterdir() if p.name != RESULT)
+        result = {**result, "_files": [p.name for p in files], "_sizes": {p.name: p.stat().st_size for p in files},
                   "_created": time.time()}
         (work / RESULT).write_text(json.dumps(result, indent=1, default=str))
         final = self.root / stage / key
         final.parent.mkdir(parents=True, exist_ok=True)
-        if final.exists():  # a concurrent build made the same entry: keep one
-            shutil.rmtree(final)
-        os.replace(work, final)
+        try:
+            os.replace(work, final)
+        except OSError:  # a concurrent build made the same entry (keys name their content): keep that one
+            shutil.rmtree(work, ignore_errors=True)
+            if not final.is_dir():
+                raise
         return Entry(stage, key, final, result)
 
     def drop(self, stage: str, key: str) -> None:

@@ -56,8 +56,9 @@ class CompressConfig:
 
         if self.vocab_budget is not None and self.vocab_budget <= N_FIXED:
             raise ValueError(f"vocab_budget must exceed the {N_FIXED} special and byte pieces, got {self.vocab_budget}")
-        if self.prune_layers < 0 or self.prune_samples < 1 or self.max_retries < 0:
-            raise ValueError("prune_layers and max_retries must be >= 0, prune_samples >= 1")
+        for name, low in (("prune_layers", 0), ("max_retries", 0), ("prune_samples", 1)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if self.embedding_rank is not None and self.embedding_rank < 1:
             raise ValueError(f"embedding_rank must be >= 1, got {self.embedding_rank}")
         if self.vocab_corpus is not None and not Path(self.vocab_corpus).is_file():
@@ -72,8 +73,9 @@ class BudgetConfig:
     slot_f1_drop_pts: float = 1.0
 
     def __post_init__(self):
-        if math.isnan(self.intent_drop_pts) or math.isnan(self.slot_f1_drop_pts):
-            raise ValueError("budgets must be numbers")
+        for name in ("intent_drop_pts", "slot_f1_drop_pts"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number of points, got {getattr(self, name)}")
 
 
 @dataclass
@@ -101,16 +103,25 @@ class PackageSettings:
         if self.buckets and min(self.buckets) < 3:
             raise ValueError(f"buckets: lengths must be >= 3, got {min(self.buckets)}")
         if self.bench_utterances < 1:
-            raise ValueError("bench_utterances must be >= 1")
+            raise ValueError(f"bench_utterances must be >= 1, got {self.bench_utterances}")
 
 
 TABLES: dict[str, type] = {"teacher": TrainConfig, "compress": CompressConfig, "distill": DistillConfig,
                            "quantize": QuantizeConfig, "decoding": DecodingSettings, "budget": BudgetConfig,
                            "package": PackageSettings}
-# The tables each stage reads: they, with the stage's input, make its cache key.
-STAGE_TABLES = {"teacher": ("teacher",), "trim_vocab": ("compress", "budget"), "prune": ("compress",),
-                "distill": ("compress", "distill", "budget"), "quantize": ("quantize",),
-                "export": ("decoding", "package", "quantize"), "fuse": (), "package": ("package",)}
+# The settings each stage reads ("*": the whole table): they, with the stage's input, make its cache key. A
+# setting a stage does not read is not in its key, so changing it reuses that stage.
+STAGE_SETTINGS = {
+    "teacher": {"teacher": "*"},
+    "trim_vocab": {"compress": ("vocab_budget", "vocab_corpus", "embedding_rank", "max_retries"), "budget": "*"},
+    "prune": {"compress": ("param_share", "total_share", "prune_layers", "prune_samples")},
+    "distill": {"compress": ("param_share", "total_share", "max_param_share", "max_total_share", "prune_layers",
+                             "prune_samples", "max_retries"), "distill": "*", "budget": "*"},
+    "quantize": {"quantize": "*"},
+    "export": {"decoding": "*", "quantize": "*"},
+    "fuse": {},
+    "package": {"package": ("bench_utterances",)},
+}
 
 
 @dataclass
@@ -125,6 +136,14 @@ class Settings:
 
     def to_dict(self) -> dict:
         return {name: dataclasses.asdict(getattr(self, name)) for name in TABLES}
+
+    def read_by(self, stage: str) -> dict:
+        """The settings `stage` reads (STAGE_SETTINGS), for its cache key."""
+        out = {}
+        for table, keys in STAGE_SETTINGS[stage].items():
+            values = dataclasses.asdict(getattr(self, table))
+            out[table] = values if keys == "*" else {k: values[k] for k in keys}
+        return out
 
 
 @dataclass
@@ -154,6 +173,8 @@ def parse_set(item: str) -> tuple[str, str, object]:
     table, dot, name = key.strip().partition(".")
     if not sep or not dot or not name:
         raise EdgekitError(f"--set {item!r}: expected table.key=value, e.g. distill.alpha=0.5")
+    if raw.strip().lower() == "none":  # TOML has no null: `none` resets a setting to its automatic choice
+        return table, name.strip(), None
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
@@ -175,24 +196,41 @@ def _check_type(where: str, hint, value):
             return float(value)
         if origin is int and isinstance(value, bool):
             continue
+        if origin is list and isinstance(value, list):
+            (item,) = typing.get_args(a) or (object,)
+            bad = [v for v in value if not isinstance(v, item) or isinstance(v, bool) and item is not bool]
+            if not bad:
+                return value
+            continue
         if isinstance(origin, type) and isinstance(value, origin):
             return value
-    names = " or ".join("none" if t is type(None) else getattr(t, "__name__", str(t)) for t in ok)
+    names = " or ".join("none" if t is type(None) else str(t) if t is list else getattr(t, "__name__", str(t))
+                        for t in (typing.get_args(hint) if union else (hint,)))
     raise EdgekitError(f"{where}: expected {names}, got {value!r}")
 
 
-def _table(name: str, values: dict, origin: str):
-    cls = TABLES[name]
+def _known(name: str) -> set[str]:
+    return {f.name for f in dataclasses.fields(TABLES[name]) if f.init}
+
+
+def _check_layer(origin: str, layer: dict) -> None:
+    """Every table and key of one source exists (the message names the source)."""
+    for name, values in layer.items():
+        if name not in TABLES or not isinstance(values, dict):
+            raise EdgekitError(f"{origin}: unknown table {name!r}; tables: {', '.join(TABLES)}")
+        for key in values:
+            if key not in _known(name):
+                raise EdgekitError(f"{origin}: unknown setting {name}.{key}; {name} has: "
+                                   f"{', '.join(sorted(_known(name)))}")
+
+
+def _table(name: str, values: dict):
+    cls, known = TABLES[name], _known(name)
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls) if f.init}
-    clean = {}
-    for key, value in values.items():
-        if key not in known:
-            raise EdgekitError(f"{origin}: unknown setting {name}.{key}; {name} has: {', '.join(sorted(known))}")
-        clean[key] = _check_type(f"{name}.{key}", hints[key], value)
+    clean = {key: _check_type(f"{name}.{key}", hints[key], value) for key, value in values.items()}
     try:
         return cls(**clean)
-    except ValueError as e:  # messages start with the field's name: "alpha must be in [0, 1], got 2"
+    except (ValueError, TypeError) as e:  # messages start with the field's name: "alpha must be in [0, 1], got 2"
         first, _, rest = str(e).partition(" ")
         raise EdgekitError(f"{name}.{first}: {rest}" if first in known else f"{name}: {e}") from None
 
@@ -202,6 +240,7 @@ def resolve(cfg: BuildConfig) -> tuple[Target, Settings]:
     if cfg.task != "intent":
         raise EdgekitError(f"unknown --task {cfg.task!r}; supported: intent")
     target = load_target(cfg.target)
+    _check_layer(target.source, target.tables)
     tables = {name: dict(target.tables.get(name, {})) for name in TABLES}
     layers = []
     if cfg.config:
@@ -220,13 +259,13 @@ def resolve(cfg: BuildConfig) -> tuple[Target, Settings]:
         sets.setdefault(table, {})[key] = value
     layers.append(("--set", sets))
     for origin, layer in layers:
+        _check_layer(origin, layer)
         for name, values in layer.items():
-            if name not in TABLES or not isinstance(values, dict):
-                raise EdgekitError(f"{origin}: unknown table {name!r}; tables: {', '.join(TABLES)}")
             tables[name] = merge_tables(tables[name], values)
-    tables["teacher"].setdefault("seed", cfg.seed)
-    tables["distill"].setdefault("seed", cfg.seed)
-    settings = Settings(**{name: _table(name, tables[name], target.source) for name in TABLES})
+    # The common flags come last: --seed seeds every pass. A quick teacher (steps_limit) makes a quick student.
+    tables["teacher"]["seed"] = tables["distill"]["seed"] = cfg.seed
+    tables["distill"].setdefault("steps_limit", tables["teacher"].get("steps_limit"))
+    settings = Settings(**{name: _table(name, tables[name]) for name in TABLES})
     stages = list(cfg.stages or target.stages)
     unknown = [s for s in stages if s not in STAGES]
     if unknown:

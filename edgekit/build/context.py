@@ -36,6 +36,9 @@ class StageResult:
     record: dict
     row: dict
     key: str = field(default="", compare=False)
+    # The identity of the output, when it is narrower than the stage's key: a gated stage whose budget changed
+    # but that kept the same try gives the same output key, so the stages after it are reused.
+    out_key: str = ""
     reused: bool = field(default=False, compare=False)
     dir: Path | None = field(default=None, compare=False)
 
@@ -158,6 +161,8 @@ class Context:
     input_digest: str  # data files + base model weights: the teacher's input key
     base_model: Path | None = None  # the base encoder's folder
     work: Path | None = None  # the running stage's cache work folder, for its files
+    key: str = ""  # the running stage's cache key
+    input_key: str = ""  # the running stage's input: the previous stage's output key
     teacher: TeacherResult | None = None
     trim_vocab: TrimResult | None = None
     prune: PruneResult | None = None

@@ -38,6 +38,11 @@ def gate(ctx: Context, dev: dict) -> tuple[bool, dict]:
     return ok, {k: round(v, 3) for k, v in drops.items()}
 
 
+def tried(ctx: Context, setting: str, dev: dict, drops: dict, ok: bool, **extra) -> dict:
+    """One try, as the report lists it."""
+    return {"setting": setting, "dev": dev, "drops": drops, "budget": budget(ctx), "passed": ok, **extra}
+
+
 def growth(ctx: Context, drops: dict, lo: float = 1.1, hi: float = 2.0) -> float:
     """How much larger the next try should be, from the miss: 1 + half the worst drop's excess over its budget,
     relative to the budget (a 1.0-pt drop on a 0.5-pt budget: x1.5), clipped to [lo, hi]."""
@@ -46,12 +51,14 @@ def growth(ctx: Context, drops: dict, lo: float = 1.1, hi: float = 2.0) -> float
     return min(hi, max(lo, 1 + excess / 2))
 
 
-def score_of(t: dict) -> float:
-    """Smaller is better: the sum of the drops past their budgets (then the sum of the drops)."""
-    return sum(t["drops"].values())
+def score_of(t: dict) -> tuple[float, float]:
+    """Smaller is better: the sum of the drops past their budgets, then the sum of the drops."""
+    b = t["budget"]
+    return sum(max(0.0, v - b.get(k, math.inf)) for k, v in t["drops"].items()), sum(t["drops"].values())
 
 
 def best_try(tries: list[dict]) -> int:
+    """The last try that passed, else the one that missed the budget by least."""
     passed = [i for i, t in enumerate(tries) if t["passed"]]
     return passed[-1] if passed else min(range(len(tries)), key=lambda i: score_of(tries[i]))
 

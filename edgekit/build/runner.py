@@ -7,7 +7,6 @@ so, with the key), anything else runs and is stored. After each stage report.jso
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -22,7 +21,7 @@ import numpy as np
 
 from edgekit import __version__
 from edgekit.build.cache import StageCache, default_dir, digest_files, stage_key
-from edgekit.build.config import STAGE_TABLES, BuildConfig, resolve
+from edgekit.build.config import BuildConfig, resolve
 from edgekit.build.context import RESULT_TYPES, Context, ModelResult, StageResult
 from edgekit.data import load_dataset
 from edgekit.errors import EdgekitError
@@ -35,6 +34,7 @@ from edgekit.vocab import from_wordpiece
 log = logging.getLogger("edgekit")
 REGISTRY: dict[str, Callable[[Context], StageResult]] = {}
 EXPORT_STAGES = ("export", "fuse", "package")  # their output depends on the target's runtimes
+TOOLCHAIN = ("torch", "torchao", "executorch", "onnx", "onnxruntime")  # what quantize and the exporters run on
 
 
 def stage(name: str):
@@ -94,22 +94,39 @@ def prepare(cfg: BuildConfig) -> Context:
     unknown = [i for i in cfg.intents or [] if i not in data.intents]
     if unknown:
         raise EdgekitError(f"--intents: unknown intent {unknown[0]!r}; {cfg.data} has: {', '.join(data.intents)}")
-    digest = digest_files(_data_files(cfg.data) + [base / "model.safetensors", base / "vocab.txt"])
+    base_files = [base / n for n in ("config.json", "model.safetensors", "vocab.txt") if (base / n).is_file()]
+    digest = digest_files(_data_files(cfg.data) + base_files)
     ctx = Context(cfg, settings, target, data, Path(cfg.out), max_len, stats, tokenizer, rows, target.stages,
                   StageCache(default_dir(cfg.cache)), digest, base_model=base)
     return ctx
 
 
+def toolchain() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in TOOLCHAIN + ("onnxruntime-gpu",):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
 def key_of(ctx: Context, name: str, input_key: str) -> str:
     """The stage's cache key: its name, the settings it reads, the build facts it depends on, its input's key."""
-    facts = {"task": ctx.cfg.task, "seed": ctx.cfg.seed, "intents": ctx.cfg.intents, "format": ctx.cfg.format,
+    t = ctx.target
+    facts = {"task": ctx.cfg.task, "seed": ctx.cfg.seed, "intents": ctx.cfg.intents, "format": ctx.data.format,
              "max_len": ctx.max_len}
+    if name == "trim_vocab" and ctx.settings.compress.vocab_corpus:  # the file's content, not only its path
+        facts["vocab_corpus"] = digest_files([Path(ctx.settings.compress.vocab_corpus)])
+    if name in ("quantize",) + EXPORT_STAGES:
+        facts["toolchain"] = toolchain()
     if name in EXPORT_STAGES:
-        t = ctx.target
-        facts.update(runtimes=t.runtimes, primary=t.primary_runtime, threads=t.bench_threads, profile=t.name,
-                     buckets=ctx.length_stats["buckets"])
-    tables = {t: dataclasses.asdict(getattr(ctx.settings, t)) for t in STAGE_TABLES[name]}
-    return stage_key(name, {"tables": tables, "facts": facts}, input_key)
+        facts.update(runtimes=t.runtimes, primary=t.primary_runtime, buckets=ctx.length_stats["buckets"])
+    if name == "package":  # measured on the profile's threads, and the manifest names the profile
+        facts.update(threads=t.bench_threads, profile=t.name)
+    return stage_key(name, {"settings": ctx.settings.read_by(name), "facts": facts}, input_key)
 
 
 def _attach(ctx: Context, name: str, res: StageResult) -> None:
@@ -118,15 +135,20 @@ def _attach(ctx: Context, name: str, res: StageResult) -> None:
         hook(ctx, res)
 
 
-def run_stage(ctx: Context, name: str, key: str) -> StageResult:
+def run_stage(ctx: Context, name: str, key: str, input_key: str) -> StageResult:
     """Reuse the stage's cache entry, or run it and store its result."""
     entry = ctx.cache.get(name, key)
     if entry is not None:
-        res = RESULT_TYPES[name].load(entry.result, entry.path)
-        res.key, res.reused = key, True
-        log.info("stage %s: reused from the cache (key %s)", name, entry.short)
-        return res
+        try:
+            res = RESULT_TYPES[name].load(entry.result, entry.path)
+            res.key, res.reused = key, True
+            log.info("stage %s: reused from the cache (key %s)", name, entry.short)
+            return res
+        except (TypeError, KeyError, ValueError) as e:  # an entry from another layout: make it again
+            log.warning("cache entry %s/%s does not load (%s): rebuilding it", name, entry.short, e)
+            ctx.cache.drop(name, key)
     log.info("stage %s (key %s)", name, key[:12])
+    ctx.key, ctx.input_key = key, input_key
     seed_everything(ctx.cfg.seed)  # each stage starts from the same state, whichever stages ran before it
     ctx.work = ctx.cache.workdir(name)
     try:
@@ -161,7 +183,8 @@ def report(ctx: Context) -> dict:
             "dataset": {**ctx.data.summary(), "lengths": ctx.length_stats}, "stages": rows,
             "package": ctx.package.package if ctx.package else {}, "latency": latency,
             "config": {"settings": ctx.settings.to_dict(), "seed": ctx.cfg.seed, "stages": ctx.stages,
-                       "intents": ctx.cfg.intents, "target": ctx.target.source, "cache": str(ctx.cache.root)},
+                       "intents": ctx.cfg.intents, "target": ctx.target.source, "cache": str(ctx.cache.root),
+                       "strict": ctx.cfg.strict},
             "budget": {"intent_drop_pts": ctx.settings.budget.intent_drop_pts,
                        "slot_f1_drop_pts": ctx.settings.budget.slot_f1_drop_pts},
             "over_budget": over or None, "quant_layers": quant, "passes": [r.record for _, r in done]}
@@ -178,15 +201,16 @@ def build(cfg: BuildConfig, on_stage=None) -> dict:
     ctx = prepare(cfg)
     # XNNPACK's pool size can only be set before the first program loads; latency is measured on it.
     set_threads(ctx.target.bench_threads)
-    key = ctx.input_digest
+    out_key = ctx.input_digest  # what the next stage's key builds on: the previous stage's output
     for name in ctx.stages:
         t0 = time.perf_counter()
-        key = key_of(ctx, name, key)
+        key = key_of(ctx, name, out_key)
         try:
-            res = run_stage(ctx, name, key)
+            res = run_stage(ctx, name, key, out_key)
         except ValueError as e:  # a pass setting that cannot hold for this data (e.g. a budget below its floor)
             raise EdgekitError(f"stage {name}: {e}") from None
         setattr(ctx, name, res)
+        out_key = res.out_key or res.key
         _attach(ctx, name, res)
         rep = report(ctx)
         ctx.out.mkdir(parents=True, exist_ok=True)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import shutil
 import time
 
 from edgekit.build.cache import stage_key
 from edgekit.build.context import Context, DistillResult, stage_row
 from edgekit.build.evaluate import evaluate
-from edgekit.build.gating import best_try, gate, growth, settle
+from edgekit.build.gating import best_try, gate, growth, settle, tried
 from edgekit.build.runner import seed_everything, stage
 from edgekit.build.stages.prune import prune_to, target_params
 from edgekit.converters.distill import DistillInputs, distill
@@ -26,17 +27,20 @@ log = logging.getLogger("edgekit")
 
 def _try(ctx: Context, attempt: int, target: int) -> tuple:
     """One try: prune to `target` (the prune stage's own student on the first try), then distil. Cached."""
+    c = ctx.settings.compress
+    source = ctx.latest("distill")
     key = stage_key("distill_try", {"distill": dataclasses.asdict(ctx.settings.distill), "target": target,
-                                    "prune_layers": ctx.settings.compress.prune_layers},
-                    ctx.latest("distill").key)
+                                    "prune_layers": c.prune_layers, "prune_samples": c.prune_samples},
+                    ctx.input_key if ctx.prune is None else (ctx.prune.out_key or ctx.prune.key))
     entry = ctx.cache.get("distill_try", key)
     if entry is not None:
         log.info("distill try %d: reused from the cache (%s)", attempt + 1, key[:12])
         r = entry.result
-        return load_model(entry.path / "model.safetensors"), PassRecord.from_dict(r["record"]), r["dev"], r["prune"]
+        return (load_model(entry.path / "model.safetensors"), PassRecord.from_dict(r["record"]), r["dev"], r["prune"],
+                key)
     seed_everything(ctx.cfg.seed)
     if ctx.prune is None:  # no pruning in this build: distil into a copy of the previous model
-        student, kept, prune_rec = ctx.latest("distill").model, None, None
+        student, kept, prune_rec = source.model, None, None
     elif attempt == 0 or target == ctx.prune.target_params:
         student, kept, prune_rec = ctx.prune.model, ctx.prune.kept_layers, ctx.prune.record
     else:
@@ -53,9 +57,12 @@ def _try(ctx: Context, attempt: int, target: int) -> tuple:
     prune_info = {k: prune_rec["extra"][k] for k in ("target_params", "nonembedding_after", "kept_layers")} \
         if prune_rec else None
     work = ctx.cache.workdir("distill_try")
-    save_model(res.model, work / "model.safetensors")
-    ctx.cache.put("distill_try", key, work, {"record": res.record.to_dict(), "dev": dev, "prune": prune_info})
-    return res.model, res.record, dev, prune_info
+    try:
+        save_model(res.model, work / "model.safetensors")
+        ctx.cache.put("distill_try", key, work, {"record": res.record.to_dict(), "dev": dev, "prune": prune_info})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # gone once put moved it; left only if saving failed
+    return res.model, res.record, dev, prune_info, key
 
 
 @stage("distill")
@@ -64,13 +71,13 @@ def run(ctx: Context) -> DistillResult:
     c, scale, tries, kept = ctx.settings.compress, 1.0, [], None
     target, cap = target_params(ctx) if ctx.prune is not None else (0, 0)  # no pruning: nothing to back off
     for attempt in range(c.max_retries + 1):
-        model, rec, dev, prune_info = _try(ctx, attempt, target)
+        model, rec, dev, prune_info, try_key = _try(ctx, attempt, target)
         ok, drops = gate(ctx, dev)
         nonemb = count_params(model, embeddings=False)
-        tries.append({"setting": f"prune target x{scale:.2f}, {nonemb:,} non-embedding params", "dev": dev,
-                      "drops": drops, "passed": ok, "prune": prune_info})
+        tries.append(tried(ctx, f"prune target x{scale:.2f}, {nonemb:,} non-embedding params", dev, drops, ok,
+                           prune=prune_info))
         if best_try(tries) == len(tries) - 1:
-            kept = (model, rec)
+            kept = (model, rec, try_key)
         log.info("distill try %d: dev drops %s -> %s", attempt + 1, drops, "pass" if ok else "back off")
         if ok or attempt == c.max_retries:
             break
@@ -80,7 +87,7 @@ def run(ctx: Context) -> DistillResult:
         scale *= growth(ctx, drops)
         target, _ = target_params(ctx, scale)
     over = settle(ctx, "distill", tries)
-    model, rec = kept
+    model, rec, out_key = kept
     rec.metrics = evaluate(ctx, model, ctx.tokenizer, "test")
     teacher = ctx.teacher.model
     rec.extra.update(tries=tries, nonembedding_params=count_params(model, embeddings=False),
@@ -94,4 +101,5 @@ def run(ctx: Context) -> DistillResult:
         rec.warnings.append(over["message"])
     rec.seconds = time.perf_counter() - t0
     row = stage_row("distill", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds)
-    return DistillResult(rec.to_dict(), row, tries=tries, over_budget=over, _model=model, _tokenizer=ctx.tokenizer)
+    return DistillResult(rec.to_dict(), row, out_key=out_key, tries=tries, over_budget=over, _model=model,
+                         _tokenizer=ctx.tokenizer)

@@ -122,8 +122,22 @@ def run(ctx: Context) -> PackageResult:
 
 
 def attach(ctx: Context, res: PackageResult) -> None:
-    """Publish the package (made or reused) into OUT/: each file temp-then-rename, the manifest last."""
+    """Publish the package (made or reused) into OUT/. The old manifest goes first, so a crash half-way leaves
+    no package that claims to be whole; then each file temp-then-rename; files only the old package listed are
+    removed; the manifest comes last."""
+    import json
+
     ctx.out.mkdir(parents=True, exist_ok=True)
-    names = sorted(res.package["files"], key=lambda f: f == MANIFEST)
-    for name in names:
+    old = ctx.out / MANIFEST
+    stale = set()
+    if old.is_file():
+        try:
+            stale = set(json.loads(old.read_text()).get("files", {})) - set(res.package["files"])
+        except (ValueError, AttributeError):
+            stale = set()
+        old.unlink()
+    for name in sorted(res.package["files"], key=lambda f: f == MANIFEST):
         write_bytes(ctx.out / name, (res.dir / name).read_bytes())
+    for name in stale:
+        if "/" not in name and (ctx.out / name).is_file():
+            (ctx.out / name).unlink()

@@ -7,9 +7,10 @@ import logging
 import time
 from pathlib import Path
 
+from edgekit.build.cache import digest_files, stage_key
 from edgekit.build.context import Context, TrimResult, stage_row
 from edgekit.build.evaluate import argmax_answers, evaluate
-from edgekit.build.gating import best_try, gate, growth, settle
+from edgekit.build.gating import best_try, gate, growth, settle, tried
 from edgekit.build.runner import stage
 from edgekit.converters.trim_vocab import TrimVocabConfig, trim_vocab
 
@@ -36,7 +37,7 @@ def run(ctx: Context) -> TrimResult:
         res = trim_vocab(copy.deepcopy(prev.model), prev.tokenizer, texts, cfg)
         dev = evaluate(ctx, res.model, res.tokenizer, "dev")
         ok, drops = gate(ctx, dev)
-        tries.append({"setting": f"vocabulary budget {budget or 'none'}", "dev": dev, "drops": drops, "passed": ok})
+        tries.append(tried(ctx, f"vocabulary budget {budget or 'none'}", dev, drops, ok))
         if best_try(tries) == len(tries) - 1:
             best = (res, budget)
         log.info("trim_vocab try %d: %d pieces, dev drops %s -> %s", attempt + 1, res.tokenizer.vocab_size, drops,
@@ -64,4 +65,8 @@ def run(ctx: Context) -> TrimResult:
         rec.warnings.append(over["message"])
     rec.seconds = time.perf_counter() - t0
     row = stage_row("trim_vocab", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds)
-    return TrimResult(rec.to_dict(), row, _model=model, _tokenizer=tok)
+    # The output is the kept try: another budget or retry count that keeps the same vocabulary reuses what follows.
+    extra = digest_files([Path(c.vocab_corpus)]) if c.vocab_corpus else None
+    out = stage_key("trim_vocab_output", {"budget": budget, "max_len": ctx.max_len, "embedding_rank": c.embedding_rank,
+                                          "vocab_corpus": extra}, ctx.input_key)
+    return TrimResult(rec.to_dict(), row, out_key=out, _model=model, _tokenizer=tok)
