@@ -25,7 +25,8 @@ lint: install
 	$(BIN)/ruff check .
 
 test: install lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	# Two workers, one test file each (module fixtures and stage-cache reuse stay within a file), one thread each.
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15
 
 clean:
 	rm -rf build .pytest_cache

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import string
 from pathlib import Path
 
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: one thread each, subprocesses too
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
@@ -64,8 +69,6 @@ def tiny_bert(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def stage_cache(tmp_path_factory):
     """Every build in the suite (subprocesses too) uses a cache of its own, never the user's ~/.cache/edgekit."""
-    import os
-
     path = tmp_path_factory.mktemp("edgekit_cache")
     old = os.environ.get("EDGEKIT_CACHE")
     os.environ["EDGEKIT_CACHE"] = str(path)

@@ -146,7 +146,7 @@ def test_changed_training_line_retrains_from_the_teacher(built, tiny_bert, tmp_p
     data = tmp_path / "demo.jsonl"
     data.write_text("\n".join(lines) + "\n")
     rep = build(BuildConfig(data=str(data), out=str(tmp_path / "o"), base_model=str(tiny_bert), stages=BASIC,
-                            settings=TEACHER))
+                            settings={**TEACHER, "package": {"buckets": []}}))
     assert [s["reused"] for s in rep["stages"]] == [False, False, False]
     assert rep["stages"][0]["key"] != built[1]["stages"][0]["key"]
 
@@ -157,7 +157,7 @@ def test_intent_only_csv_build(tmp_path, tiny_bert):
     csv.write_text("query,intent\n" + "".join(f'"{r["text"]}",{r["intent"]}\n' for r in rows))
     out = tmp_path / "pkg"
     rep = build(BuildConfig(data=str(csv), out=str(out), base_model=str(tiny_bert), stages=BASIC,
-                            settings={"teacher": {"epochs": 1, "steps_limit": 3}}))
+                            settings={"teacher": {"epochs": 1, "steps_limit": 3}, "package": {"buckets": []}}))
     assert rep["dataset"]["format"] == "csv" and rep["dataset"]["slot_tags"] == 0
     assert all(s["slot_f1"] is None for s in rep["stages"])
     pkg = Package.load(out)
@@ -170,7 +170,8 @@ def test_intent_only_csv_build(tmp_path, tiny_bert):
 def test_quantized_build_reuses_the_teacher_and_rebuilds_int8_from_its_record(built, tiny_bert, tmp_path):
     out = tmp_path / "int8"
     stages = ["teacher", "quantize", "export", "fuse", "package"]
-    settings = {**TEACHER, "quantize": {"embedding_bits": 8, "calib_samples": 64, "method": "minmax"}}
+    settings = {**TEACHER, "quantize": {"embedding_bits": 8, "calib_samples": 64, "method": "minmax"},
+                "package": {"buckets": [], "bench_utterances": 50}}
     cfg = BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), stages=stages, settings=settings)
     rep = build(cfg)
     assert [s["name"] for s in rep["stages"]] == stages

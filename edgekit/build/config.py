@@ -101,7 +101,7 @@ class PackageSettings:
         if self.max_len is not None and not 8 <= self.max_len <= 512:
             raise ValueError(f"max_len must be in 8..512, got {self.max_len}")
         if self.buckets and min(self.buckets) < 3:
-            raise ValueError(f"buckets: lengths must be >= 3, got {min(self.buckets)}")
+            raise ValueError(f"buckets must hold lengths >= 3, got {min(self.buckets)}")
         if self.bench_utterances < 1:
             raise ValueError(f"bench_utterances must be >= 1, got {self.bench_utterances}")
 
