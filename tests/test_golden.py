@@ -86,14 +86,20 @@ def golden_build(folder: Path) -> dict:
 
 
 def test_golden_build_answers_are_unchanged(tmp_path):
+    import torch
+
     want = json.loads(GOLDEN.read_text())
-    got = golden_build(tmp_path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # as recorded: float sums, and so the trained weights, depend on the thread count
+    try:
+        got = golden_build(tmp_path)
+    finally:
+        torch.set_num_threads(threads)
     for rt in want:
         assert len(got[rt]) == len(want[rt]) >= 40
         for g, w in zip(got[rt], want[rt]):
             assert (g["text"], g["intent"], g.get("tags")) == (w["text"], w["intent"], w.get("tags")), rt
-            # float sums differ in the last bits with the thread count (CI runs one thread per test worker)
-            assert abs(g["confidence"] - w["confidence"]) <= 1e-3, (rt, g, w)
+            assert abs(g["confidence"] - w["confidence"]) <= 2e-4, (rt, g, w)
 
 
 if __name__ == "__main__":
