@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from edgekit.data import swap_mentions
+from edgekit.data import replace_words, swap_mentions
 from edgekit.model import JointModel, count_params, enable_word_pool, param_bytes
 from edgekit.record import PassRecord, PassResult
 from edgekit.runtime.tokenizer import WORD_START
@@ -50,9 +50,11 @@ class DistillConfig:
     temperature: float = 4.0
     alpha: float = 0.7  # weight of the soft (teacher) targets
     hidden_weight: float = 1.0  # weight of hidden-state matching (0: logits only)
-    # Extra training utterances, as a share of train, made by swapping slot values (edgekit.data.swap_mentions);
-    # the teacher labels them like the rest.
+    # Extra training utterances, as a share of train, made by swapping slot values (edgekit.data.swap_mentions),
+    # or on intent-only data by replacing a `word_noise` share of words (edgekit.data.replace_words); the teacher
+    # labels them like the rest.
     augment: float = 1.0
+    word_noise: float = 0.15
     # Share of the open-class slot values in those utterances made of words the teacher's vocabulary has whole
     # and the student's does not: unseen names, split into small pieces, as the test data will have.
     novel: float = 0.5
@@ -63,6 +65,9 @@ class DistillConfig:
     warmup: float = 0.06
     seed: int = 0
     steps_limit: int | None = None
+    # Autocast the student's forward pass to bfloat16. Off by default: on the pruned MiniLM student the casts
+    # cost more than the smaller matmuls save (SNIPS: 7.7 vs 8.4 steps/s on 2 cores, docs/experiments.md).
+    bf16: bool = False
     # The student's slot head reads the mean of each word's pieces, not the first piece alone (JointModel.pool_words).
     word_pool: bool = False
 
@@ -75,6 +80,8 @@ class DistillConfig:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
         if self.augment < 0:
             raise ValueError(f"augment must be >= 0, got {self.augment}")
+        if not 0 <= self.word_noise <= 1:
+            raise ValueError(f"word_noise must be in [0, 1], got {self.word_noise}")
         if not 0 <= self.novel <= 1:
             raise ValueError(f"novel must be in [0, 1], got {self.novel}")
         if not 0 < self.lr < 1:
@@ -136,6 +143,7 @@ def teacher_targets(teacher: JointModel, feats, pad_id: int, layer_map: list[int
 
 def kd_loss(student: torch.Tensor, teacher: torch.Tensor, hard: torch.Tensor, T: float, alpha: float):
     """alpha * T^2 * KL(soft) + (1 - alpha) * CE(hard); rows whose hard label is IGNORE count only in the soft part."""
+    student = student.float()  # under bf16 autocast the logits come out bf16; the loss stays FP32
     soft = F.kl_div(F.log_softmax(student / T, -1), F.softmax(teacher / T, -1), reduction="batchmean") * T * T
     hard_loss = F.cross_entropy(student, hard, ignore_index=IGNORE) if (hard != IGNORE).any() else student.sum() * 0
     return alpha * soft + (1 - alpha) * hard_loss
@@ -150,8 +158,13 @@ def distill(model: JointModel, inputs: DistillInputs, cfg: DistillConfig) -> Pas
     rec = PassRecord("distill", params_before=count_params(model), bytes_before=param_bytes(model))
     if cfg.word_pool and model.cfg.n_slots:
         enable_word_pool(model, continues_word(x.student_tokenizer))
-    novel = novel_words(x.teacher_tokenizer, x.student_tokenizer) if cfg.novel > 0 else None
-    train = x.train + swap_mentions(x.train, round(cfg.augment * len(x.train)), cfg.seed, novel, cfg.novel)
+    novel, n_extra = None, round(cfg.augment * len(x.train))
+    if any(t != "O" for ex in x.train for t in ex.tags or []):
+        novel = novel_words(x.teacher_tokenizer, x.student_tokenizer) if cfg.novel > 0 else None
+        extra = swap_mentions(x.train, n_extra, cfg.seed, novel, cfg.novel)
+    else:  # intent-only data has no slot values to swap
+        extra = replace_words(x.train, n_extra, cfg.seed, cfg.word_noise)
+    train = x.train + extra
     s_feats = featurize(train, x.student_tokenizer, x.labels, x.max_len)
     t_feats = featurize(train, x.teacher_tokenizer, x.labels, x.max_len)
     layer_map = x.layer_map if cfg.hidden_weight > 0 else None
@@ -177,8 +190,8 @@ def distill(model: JointModel, inputs: DistillInputs, cfg: DistillConfig) -> Pas
             # Hidden states at [CLS] and each word's first piece, student layer k against its teacher layer.
             b_idx = torch.tensor([b for b, k in enumerate(n) for _ in range(k + 1)], dtype=torch.long)
             p_idx = torch.tensor([p for i, k in zip(idx, n) for p in [0] + s_pos[i][:k]], dtype=torch.long)
-            target = torch.cat([t_hidden[i][:, : k + 1] for i, k in zip(idx, n)], 1).float()  # (L, W, H)
-            got = torch.stack([st[b_idx, p_idx] for st in states[1:]])  # (L, W, H)
+            target = torch.cat([t_hidden[i][:, : k + 1].float() for i, k in zip(idx, n)], 1)  # (L, W, H)
+            got = torch.stack([st[b_idx, p_idx] for st in states[1:]]).float()  # (L, W, H)
             loss = loss + cfg.hidden_weight * F.mse_loss(got, target)
         if len(out) > 1:
             b_idx = torch.tensor([b for b, k in enumerate(n) for _ in range(k)], dtype=torch.long)
@@ -193,7 +206,8 @@ def distill(model: JointModel, inputs: DistillInputs, cfg: DistillConfig) -> Pas
             x.dev, predict_eager(m, x.dev, x.student_tokenizer, x.labels, x.max_len), x.labels)
 
     res = fit(model, groups, len(s_feats.ids), step_loss, evaluate, epochs=cfg.epochs, batch_size=cfg.batch_size,
-              lr=cfg.lr, warmup=cfg.warmup, rng=rng, lengths=lengths, steps_limit=cfg.steps_limit, desc="distill")
+              lr=cfg.lr, warmup=cfg.warmup, rng=rng, lengths=lengths, steps_limit=cfg.steps_limit, bf16=cfg.bf16,
+              desc="distill")
     curve = res.curve
     rec.extra.update(best_epoch=res.best_epoch, best_dev=res.best_dev)  # the kept model's dev metrics
     rec.params_after, rec.bytes_after = count_params(model), param_bytes(model)

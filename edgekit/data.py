@@ -374,3 +374,18 @@ def swap_mentions(examples: list[Example], n: int, seed: int = 0, novel_words: l
             last = e
         out.append(Example(words + ex.words[last:], ex.intent, tags + ex.tags[last:]))
     return out
+
+
+def replace_words(examples: list[Example], n: int, seed: int = 0, share: float = 0.15) -> list[Example]:
+    """`n` new intent-only examples: copies of random examples with each word, at rate `share`, replaced by a
+    word drawn uniformly from the distinct words of `examples` (as TinyBERT augments: the teacher labels the
+    perturbed utterances, so the student sees its answers off the training points, not only on them)."""
+    import random
+
+    rng = random.Random(seed)
+    vocab = sorted({w for ex in examples for w in ex.words})
+    out = []
+    for _ in range(n if vocab else 0):
+        ex = rng.choice(examples)
+        out.append(Example([rng.choice(vocab) if rng.random() < share else w for w in ex.words], ex.intent, None))
+    return out

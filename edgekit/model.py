@@ -48,6 +48,28 @@ class ModelConfig:
         return len(self.heads)
 
 
+class Dropout(nn.Module):
+    """nn.Dropout with its mask drawn as random bytes, eight from each 64-bit draw of torch's generator.
+
+    On CPU, nn.Dropout's bernoulli_ draws one number per element: a fifth of a distillation step on 2 cores. This
+    draws an eighth as many (about 3x faster). The rate is applied in steps of 1/256 (0.1 drops 26/256 = 10.2%).
+    Identity in eval mode, so exported graphs have no trace of it."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        if not 0 <= p < 255 / 256:
+            raise ValueError(f"dropout must be in [0, 255/256), got {p}")
+        self.cut = round(p * 256)  # bytes below this drop their element
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.cut == 0:
+            return x
+        n = x.numel()
+        draw = torch.empty((n + 7) // 8, dtype=torch.int64, device=x.device)
+        byte = draw.random_(torch.iinfo(torch.int64).min, None).view(torch.uint8)[:n].view(x.shape)
+        return x * (byte >= self.cut) * (256 / (256 - self.cut))
+
+
 class Attention(nn.Module):
     def __init__(self, hidden: int, heads: int, head_dim: int, dropout: float):
         super().__init__()
@@ -57,7 +79,7 @@ class Attention(nn.Module):
         self.key = nn.Linear(hidden, inner)
         self.value = nn.Linear(hidden, inner)
         self.out = nn.Linear(inner, hidden)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -83,7 +105,7 @@ class Layer(nn.Module):
         self.fc1 = nn.Linear(cfg.hidden, cfg.ffn[i]) if cfg.ffn[i] else None
         self.fc2 = nn.Linear(cfg.ffn[i], cfg.hidden) if cfg.ffn[i] else None
         self.ln2 = nn.LayerNorm(cfg.hidden, eps=cfg.eps)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         if self.attn is not None:
@@ -110,7 +132,7 @@ class JointModel(nn.Module):
         # BERT's token-type 0 row; a single segment, so it is a constant added to every token.
         self.type_emb = nn.Parameter(torch.zeros(cfg.hidden))
         self.emb_ln = nn.LayerNorm(cfg.hidden, eps=cfg.eps)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.layers))
         self.intent_head = nn.Linear(cfg.hidden, cfg.n_intents)
         self.slot_head = nn.Linear(cfg.hidden, cfg.n_slots) if cfg.n_slots else None

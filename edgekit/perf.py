@@ -25,3 +25,15 @@ def tune_allocator() -> bool:
     except (OSError, AttributeError):
         _done = False
     return _done
+
+
+def native_bf16() -> bool:
+    """Whether this CPU runs bfloat16 matmuls natively (AVX-512 bf16 or AMX): autocast then trains faster
+    (measured on SNIPS: docs/experiments.md). Without it, bf16 is emulated and slower than FP32."""
+    import torch
+
+    try:  # mkldnn's own bf16 check says yes on any AVX-512 CPU, where bf16 is emulated
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except (AttributeError, RuntimeError):
+        return False
+

@@ -49,8 +49,11 @@ def render_markdown(rep: dict) -> str:
               + (" in-scope acc | OOS recall |" if oos else "") + " params | size | seconds |"
               + "".join(f" {RUNTIME_NAMES[rt]} p50 / p99 ms |" for rt in rts),
               "|---|---:|---:|---:|---:|" + ("---:|---:|" if oos else "") + "---:|---:|---:|" + "---:|" * len(rts)]
+    distill = next((p for p in rep.get("passes", []) if p["name"] == "distill"), {})
     for r in rep["stages"]:
         name = r["name"] + (f" ({r['runtime']})" if r.get("runtime") else "")
+        if r["name"] == "prune" and distill.get("extra", {}).get("shipped_prune"):
+            name += " (first try; the shipped student was pruned less: see distill)"
         lat = r.get("latency", {})
         lines.append(f"| {name} | {_pct(r.get('intent_acc'))} | {_pct(r.get('slot_f1'))} | "
                      f"{_pct(r.get('slot_f1_argmax'))} | {_pct(r.get('exact_match'))} |"

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from edgekit.data import Dataset, Example
 from edgekit.metrics import evaluate
 from edgekit.model import JointModel, count_params, param_bytes
+from edgekit.perf import native_bf16
 from edgekit.record import PassRecord
 from edgekit.runtime.decode import decode
 from edgekit.runtime.predictor import word_positions
@@ -43,10 +44,14 @@ class TrainConfig:
     max_minutes: float | None = None  # stop early (keeping the best checkpoint so far) past this budget
     eval_batch_size: int = 128
     steps_limit: int | None = None  # cap on optimizer steps per epoch (tests and quick demos)
+    bf16: bool | None = None  # autocast the forward pass to bfloat16; None: where the CPU has it natively
+    group_lengths: bool = True  # batches of similar length: about half the pieces per step on SNIPS
 
     def __post_init__(self):
         if self.head_lr is None:
             self.head_lr = min(0.5, self.lr * 10)
+        if self.bf16 is None:
+            self.bf16 = native_bf16()
         for name in ("epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -105,9 +110,11 @@ def collate(feats: Features, idx: list[int], pad_id: int):
 
 
 def joint_loss(outputs, intents: torch.Tensor, slots: torch.Tensor | None, slot_weight: float) -> torch.Tensor:
-    loss = F.cross_entropy(outputs[0], intents, ignore_index=IGNORE)
+    # .float(): under bf16 autocast the logits come out bf16; the loss stays FP32
+    loss = F.cross_entropy(outputs[0].float(), intents, ignore_index=IGNORE)
     if slots is not None and len(outputs) > 1:
-        loss = loss + slot_weight * F.cross_entropy(outputs[1].flatten(0, 1), slots.flatten(), ignore_index=IGNORE)
+        loss = loss + slot_weight * F.cross_entropy(outputs[1].float().flatten(0, 1), slots.flatten(),
+                                                    ignore_index=IGNORE)
     return loss
 
 
@@ -213,7 +220,8 @@ def fit(model: torch.nn.Module, groups: list[dict], n: int, step_loss, evaluate,
     by length (less padding per step). `bf16`: autocast the forward pass to bfloat16 (CPUs with AVX-512 bf16 or
     AMX run it faster; the weights and the optimizer stay FP32)."""
     t0 = time.perf_counter()
-    opt = torch.optim.AdamW(groups, lr=lr)
+    # The fused kernel updates all 22.6 M MiniLM parameters in 20 ms instead of 114 ms (2 cores): a third of a step.
+    opt = torch.optim.AdamW(groups, lr=lr, fused=True)
     steps = math.ceil(n / batch_size)
     steps = min(steps, steps_limit) if steps_limit else steps
     total = steps * epochs
@@ -280,9 +288,10 @@ def train_teacher(model: JointModel, data: Dataset, tokenizer, cfg: TrainConfig)
     def evaluate(m):
         return score(dev, predict_eager(m, dev, tokenizer, labels, cfg.max_len, cfg.eval_batch_size), labels)
 
+    lengths = [len(x) for x in train.ids] if cfg.group_lengths else None
     res = fit(model, groups, len(train.ids), step_loss, evaluate, epochs=cfg.epochs, batch_size=cfg.batch_size,
-              lr=cfg.lr, warmup=cfg.warmup, rng=rng, steps_limit=cfg.steps_limit, max_minutes=cfg.max_minutes,
-              desc="teacher")
+              lr=cfg.lr, warmup=cfg.warmup, rng=rng, lengths=lengths, steps_limit=cfg.steps_limit,
+              max_minutes=cfg.max_minutes, bf16=cfg.bf16, desc="teacher")
     if res.stopped:
         rec.warnings.append(res.stopped)
     rec.params_after, rec.bytes_after = count_params(model), param_bytes(model)

@@ -112,7 +112,8 @@ def test_full_compression_build_then_a_distill_setting_reruns_only_from_distill(
 
 
 def test_distill_gate_backs_off_within_the_caps(tmp_path, tiny_bert):
-    text = open(profile(tmp_path, intent_drop_pts=-1.0)).read().replace(
+    # no try can pass this budget: the gate backs off up to the cap, then ships the best try
+    text = open(profile(tmp_path, intent_drop_pts=-100.0)).read().replace(
         "max_retries = 3", "max_retries = 3\nmax_param_share = 0.8")
     p = tmp_path / "caps.toml"
     p.write_text(text)
@@ -125,6 +126,11 @@ def test_distill_gate_backs_off_within_the_caps(tmp_path, tiny_bert):
     assert max(targets) <= 0.8 * teacher_nonemb + 1  # never past the cap
     # a tiny student may beat its tiny teacher by a point after all; if not, the build says it is over budget
     assert tries[-1]["passed"] or "distill" in [o["stage"] for o in rep["over_budget"]]
+    # the prune row shows the first target; when a larger try shipped, the report says so
+    shipped = next(x for x in rep["passes"] if x["name"] == "distill")["extra"].get("shipped_prune")
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert ("| prune (first try; the shipped student was pruned less" in md) == bool(shipped)
+    assert shipped is None or shipped["target_params"] in targets[1:]
 
 
 def test_a_build_killed_in_distill_reuses_teacher_trim_and_prune(tmp_path, tiny_bert):

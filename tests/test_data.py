@@ -154,3 +154,20 @@ def test_swap_mentions_keeps_bio_and_draws_values_of_the_same_slot():
             for i, ex in enumerate(many)]
     assert open_slots(many) == {"artist"}
     assert all(ex.words[1] == "xyzzy" for ex in swap_mentions(many, 10, novel_words=["xyzzy"], novel_share=1.0))
+
+
+def test_replace_words_perturbs_intent_only_examples_at_the_given_rate():
+    from edgekit.data import Example, replace_words
+
+    src = Example("book a table for two people tonight please".split(), "book")
+    train = [src] + [Example(f"what is the weather in city{i} today".split(), "weather") for i in range(30)]
+    out = replace_words(train, 2000, seed=2, share=0.25)
+    assert out == replace_words(train, 2000, seed=2, share=0.25) and len(out) == 2000
+    vocab = {w for ex in train for w in ex.words}
+    assert all(ex.tags is None and set(ex.words) <= vocab for ex in out)
+    books = [ex for ex in out if ex.intent == "book"]
+    assert 20 < len(books) < 110 and all(len(ex.words) == len(src.words) for ex in books)
+    changed = [a != b for ex in books for a, b in zip(ex.words, src.words)]
+    # each word is replaced at rate 1/4; a draw gives back the same word once in |vocab| (44)
+    assert 0.18 < sum(changed) / len(changed) < 0.32, sum(changed) / len(changed)
+    assert all(ex.words == src.words for ex in replace_words(train, 50, share=0.0) if ex.intent == "book")

@@ -94,3 +94,22 @@ def test_word_pool_feeds_the_slot_head_each_words_mean(tmp_path):
 
     gather_embeddings(m2, [0, 9, 2])  # a vocabulary trimmed later keeps each kept piece's flag
     assert m2.cont.tolist() == [0.0, 1.0, 0.0] and m2.cfg.vocab_size == 3
+
+
+def test_dropout_drops_at_its_rate_scales_the_rest_and_is_identity_in_eval():
+    from edgekit.model import Dropout
+
+    torch.manual_seed(0)
+    d = Dropout(0.1)
+    x = torch.ones(200_000)
+    y = d(x)
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - 26 / 256) < 0.004, dropped  # the rate in steps of 1/256
+    assert torch.allclose(y[y != 0], torch.full_like(y[y != 0], 256 / 230))  # the mean is kept
+    assert abs(y.mean().item() - 1.0) < 0.01
+    torch.manual_seed(0)
+    assert torch.equal(d(x), y)  # torch's generator: seeded runs repeat
+    assert not torch.equal(d(x), y)
+    assert d.eval()(x) is x and Dropout(0.0).train()(x) is x
+    z = Dropout(0.5)(torch.ones(3, 5, 7))
+    assert z.shape == (3, 5, 7) and set(z.unique().tolist()) <= {0.0, 2.0}

@@ -165,6 +165,7 @@ class BuildConfig:
     intents: list[str] | None = None  # build-time intent whitelist baked into the graph (None: all)
     cache: str | None = None  # default: $EDGEKIT_CACHE, else ~/.cache/edgekit
     strict: bool = False  # a missed accuracy budget fails with no package instead of shipping the best try
+    train_threads: int | None = None  # None: torch's own count (the physical cores, or $OMP_NUM_THREADS)
 
 
 def parse_set(item: str) -> tuple[str, str, object]:

@@ -76,6 +76,8 @@ def _data_files(path: str) -> list[Path]:
 def prepare(cfg: BuildConfig) -> Context:
     """Resolve and check everything before any work: settings, target, data, base model, sequence length."""
     target, settings = resolve(cfg)
+    if cfg.train_threads is not None and cfg.train_threads < 1:
+        raise EdgekitError(f"train_threads must be >= 1, got {cfg.train_threads}")
     data = load_dataset(cfg.data, cfg.format, cfg.seed)
     base = Path(cfg.base_model) if cfg.base_model else default_base_model()
     for name in ("vocab.txt", "model.safetensors"):
@@ -184,21 +186,42 @@ def report(ctx: Context) -> dict:
             "package": ctx.package.package if ctx.package else {}, "latency": latency,
             "config": {"settings": ctx.settings.to_dict(), "seed": ctx.cfg.seed, "stages": ctx.stages,
                        "intents": ctx.cfg.intents, "target": ctx.target.source, "cache": str(ctx.cache.root),
-                       "strict": ctx.cfg.strict},
+                       "strict": ctx.cfg.strict, "train_threads": _torch_threads()},
             "budget": {"intent_drop_pts": ctx.settings.budget.intent_drop_pts,
                        "slot_f1_drop_pts": ctx.settings.budget.slot_f1_drop_pts},
             "over_budget": over or None, "quant_layers": quant, "passes": [r.record for _, r in done]}
 
 
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def build(cfg: BuildConfig, on_stage=None) -> dict:
     """Run (or reuse) the stages; returns report.json's content. `on_stage(name, row)` after each stage."""
+    import torch
+
     import edgekit.build.stages  # noqa: F401  (the stages register on import)
-    from edgekit.build.gating import BudgetMissed
     from edgekit.perf import tune_allocator
-    from edgekit.runtime.backends import set_threads
 
     tune_allocator()
-    ctx = prepare(cfg)
+    ctx = prepare(cfg)  # every setting checked before any work or output
+    before = torch.get_num_threads()  # torch's default: the physical cores, or $OMP_NUM_THREADS
+    # Training runs on cfg.train_threads (default: torch's); latency is measured on the profile's threads (below).
+    torch.set_num_threads(cfg.train_threads or before)
+    try:
+        return _run(ctx, on_stage)
+    finally:
+        torch.set_num_threads(before)  # a library caller gets its own setting back
+
+
+def _run(ctx: Context, on_stage) -> dict:
+    from edgekit.build.gating import BudgetMissed
+    from edgekit.runtime.backends import set_threads
+
+    cfg = ctx.cfg
+    log.info("training on %d threads", _torch_threads())
     # XNNPACK's pool size can only be set before the first program loads; latency is measured on it.
     set_threads(ctx.target.bench_threads)
     out_key = ctx.input_digest  # what the next stage's key builds on: the previous stage's output

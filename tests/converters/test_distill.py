@@ -108,3 +108,47 @@ def test_distill_with_word_pool_gives_a_pooled_student():
     student, rec = one_layer_self_distillation(epochs=1, word_pool=True)
     assert student.cfg.word_pool and student.cont.shape == (student.cfg.vocab_size,) and student.cont.sum() > 0
     assert rec.extra["curve"][0]["train_loss"] > 0
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_distill_matches_hidden_states_in_fp32_and_bf16(bf16):
+    """bf16 autocast (distill.bf16, off by default) with hidden-state matching: the teacher's stored FP16
+    states and the student's bf16 ones meet in an FP32 loss, which falls."""
+    data = load_dataset(DEMO)
+    words = {w.lower() for ex in data.splits["train"] for w in ex.words}
+    tok, rows = from_wordpiece(make_vocab(sorted(words)))
+
+    def model(layers):
+        torch.manual_seed(layers)
+        m = JointModel(ModelConfig(vocab_size=len(make_vocab(sorted(words))), hidden=32, heads=[4] * layers,
+                                   ffn=[64] * layers, head_dim=8, n_intents=len(data.intents),
+                                   n_slots=len(data.slot_tags), dropout=0.0))
+        gather_embeddings(m, rows)
+        return m
+
+    teacher, student = model(2), model(1)
+    inputs = DistillInputs(teacher=teacher.eval(), teacher_tokenizer=tok, student_tokenizer=tok,
+                           train=data.splits["train"][:150], dev=data.splits["dev"][:20], labels=labels_of(data),
+                           max_len=32, layer_map=[2])
+    rec = distill(student, inputs, DistillConfig(epochs=2, lr=3e-3, augment=0.0, novel=0.0, bf16=bf16)).record
+    curve = rec.extra["curve"]
+    assert rec.extra["hidden_weight"] == 1.0 and curve[-1]["train_loss"] < curve[0]["train_loss"]
+
+
+def test_distill_augments_intent_only_data_by_replacing_words():
+    from edgekit.data import Example
+
+    data = load_dataset(DEMO)
+    plain = [Example(ex.words, ex.intent) for ex in data.splits["train"][:100]]
+    words = {w.lower() for ex in data.splits["train"] for w in ex.words}
+    tok, rows = from_wordpiece(make_vocab(sorted(words)))
+    torch.manual_seed(0)
+    m = JointModel(ModelConfig(vocab_size=len(make_vocab(sorted(words))), hidden=16, heads=[2], ffn=[32], head_dim=8,
+                               n_intents=len(data.intents), n_slots=0, dropout=0.0))
+    gather_embeddings(m, rows)
+    labels = {"intents": data.intents, "slot_tags": [], "oos_label": None}
+    inputs = DistillInputs(teacher=m.eval(), teacher_tokenizer=tok, student_tokenizer=tok, train=plain,
+                           dev=[Example(ex.words, ex.intent) for ex in data.splits["dev"][:20]], labels=labels,
+                           max_len=32)
+    rec = distill(copy.deepcopy(m), inputs, DistillConfig(epochs=1, augment=0.5, hidden_weight=0.0)).record
+    assert rec.extra["augmented"] == 50

@@ -77,7 +77,7 @@ def run(ctx: Context) -> DistillResult:
         tries.append(tried(ctx, f"prune target x{scale:.2f}, {nonemb:,} non-embedding params", dev, drops, ok,
                            prune=prune_info))
         if best_try(tries) == len(tries) - 1:
-            kept = (model, rec, try_key)
+            kept = (model, rec, try_key, prune_info)
         log.info("distill try %d: dev drops %s -> %s", attempt + 1, drops, "pass" if ok else "back off")
         if ok or attempt == c.max_retries:
             break
@@ -87,7 +87,7 @@ def run(ctx: Context) -> DistillResult:
         scale *= growth(ctx, drops)
         target, _ = target_params(ctx, scale)
     over = settle(ctx, "distill", tries)
-    model, rec, out_key = kept
+    model, rec, out_key, shipped_prune = kept
     rec.metrics = evaluate(ctx, model, ctx.tokenizer, "test")
     teacher = ctx.teacher.model
     rec.extra.update(tries=tries, nonembedding_params=count_params(model, embeddings=False),
@@ -96,6 +96,8 @@ def run(ctx: Context) -> DistillResult:
                      share_of_teacher_total=count_params(model) / count_params(teacher),
                      caps={"param_share": c.max_param_share or c.param_share,
                            "total_share": c.max_total_share or c.total_share})
+    if shipped_prune and shipped_prune["target_params"] != ctx.prune.target_params:
+        rec.extra["shipped_prune"] = shipped_prune  # a back-off try: the prune stage's row shows the first target
     if over:
         rec.extra["over_budget"] = over
         rec.warnings.append(over["message"])
