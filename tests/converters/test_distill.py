@@ -18,11 +18,11 @@ def test_kd_loss_is_zero_for_identical_soft_targets_and_no_hard_part():
     assert kd_loss(s, s.clone(), torch.zeros(4, dtype=torch.long), 4.0, 0.5) > 0
 
 
-def test_distill_trains_student_towards_teacher():
+def teacher_and_student():
+    """The demo data, its tokenizer, a random 2-layer teacher (eval mode) and a random 1-layer student."""
     data = load_dataset(DEMO)
     words = {w.lower() for ex in data.splits["train"] for w in ex.words}
     tok, rows = from_wordpiece(make_vocab(sorted(words)))
-    labels = labels_of(data)
 
     def model(layers):
         torch.manual_seed(layers)
@@ -32,7 +32,12 @@ def test_distill_trains_student_towards_teacher():
         gather_embeddings(m, rows)
         return m
 
-    teacher, student = model(2).eval(), model(1)
+    return data, tok, model(2).eval(), model(1)
+
+
+def test_distill_trains_student_towards_teacher():
+    data, tok, teacher, student = teacher_and_student()
+    labels = labels_of(data)
     inputs = DistillInputs(teacher=teacher, teacher_tokenizer=tok, student_tokenizer=tok,
                            train=data.splits["train"][:200], dev=data.splits["dev"], labels=labels, max_len=32)
     res = distill(student, inputs, DistillConfig(epochs=2, lr=3e-3, augment=0.0, novel=0.0))
@@ -114,20 +119,8 @@ def test_distill_with_word_pool_gives_a_pooled_student():
 def test_distill_matches_hidden_states_in_fp32_and_bf16(bf16):
     """bf16 autocast (distill.bf16, off by default) with hidden-state matching: the teacher's stored FP16
     states and the student's bf16 ones meet in an FP32 loss, which falls."""
-    data = load_dataset(DEMO)
-    words = {w.lower() for ex in data.splits["train"] for w in ex.words}
-    tok, rows = from_wordpiece(make_vocab(sorted(words)))
-
-    def model(layers):
-        torch.manual_seed(layers)
-        m = JointModel(ModelConfig(vocab_size=len(make_vocab(sorted(words))), hidden=32, heads=[4] * layers,
-                                   ffn=[64] * layers, head_dim=8, n_intents=len(data.intents),
-                                   n_slots=len(data.slot_tags), dropout=0.0))
-        gather_embeddings(m, rows)
-        return m
-
-    teacher, student = model(2), model(1)
-    inputs = DistillInputs(teacher=teacher.eval(), teacher_tokenizer=tok, student_tokenizer=tok,
+    data, tok, teacher, student = teacher_and_student()
+    inputs = DistillInputs(teacher=teacher, teacher_tokenizer=tok, student_tokenizer=tok,
                            train=data.splits["train"][:150], dev=data.splits["dev"][:20], labels=labels_of(data),
                            max_len=32, layer_map=[2])
     rec = distill(student, inputs, DistillConfig(epochs=2, lr=3e-3, augment=0.0, novel=0.0, bf16=bf16)).record
