@@ -11,7 +11,8 @@
    and only the slots seen with the predicted intent in training. The output is one tag id per word.
 
 Inputs:  input_ids (1, T) int64, attention_mask (1, T) int64, word_pos (1, T - 2) int64 (the position of each
-         word's first piece, 0 past the last word), intent_mask (I,) bool, reject (1,) bool.
+         word's first piece, 0 past the last word), intent_mask (I,) bool, reject (1,) bool. Server graphs have
+         a dynamic batch axis B in place of 1, and intent_mask (B, I): each utterance its own whitelist.
 Outputs: intent (1,) int64 (I = the reserved oos id unless the data has its own oos class), confidence (1,) float,
          and with slots tags (1, T) int64: word w's tag id at [0, w], "O" past the last word.
 """
@@ -131,7 +132,7 @@ BACKTRACK = {"executorch": "argmax", "onnx": "table"}
 
 
 def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.Tensor],
-            row: torch.Tensor | None = None, backtrack: str = "argmax") -> torch.Tensor:
+            row: torch.Tensor | None = None, backtrack: str = "argmax", batched: bool = False) -> torch.Tensor:
     """Best BIO tag sequence over the words. emit (B, T, S) piece scores, word_pos (B, T - 2) the position of
     each word's first piece (0 past the last word), tables from `bio_tables`, row (B,) each example's table row
     (default 0), backtrack "argmax" or "table" (see BACKTRACK). Returns (B, T): word w's tag id at column w, O
@@ -143,16 +144,17 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
     one whole-tensor max, two adds and one maximum, and a back-tracking step of one row lookup, one add and one
     argmax (ONNX Runtime, which pays per node rather than per element, gets the pointer table instead)."""
     B, T, _ = emit.shape
+    one = not batched and B == 1  # a dynamic batch axis must not be specialised to 1 by a Python branch
     W = word_pos.shape[1]  # T - 2: [CLS] and [SEP] leave at most T - 2 words
     cols, fill = tables["cols"], tables["fill"]  # (R, L), (R, 1, L)
     if row is not None:
         cols, fill = cols.index_select(0, row), fill.index_select(0, row)  # (B, L), (B, 1, L)
-    elif B > 1:
+    elif not one:
         cols, fill = cols.expand(B, -1), fill.expand(B, -1, -1)
     L = cols.shape[-1]
     P = L // 2
     pad, neg, zero, o = tables["pad"], tables["neg"], tables["zero"], tables["o"]
-    if B == 1:  # the exported case: index_select costs a few portable-kernel microseconds, gather tens
+    if one:  # the exported phone case: index_select costs a few portable-kernel microseconds, gather tens
         e = emit.index_select(2, cols.reshape(L)) + fill  # (1, T, L) in the pair layout
         # [CLS]'s row becomes the emission of a word past the end (O only), which word_pos 0 selects.
         e = torch.cat([pad, e[:, 1:]], 1)
@@ -164,7 +166,7 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
     halves = e.reshape(B, 2 * W, P).split(1, dim=1)  # word w: first half at 2w, I-x at 2w + 1; (B, 1, P) each
     p, alpha = halves[0], [halves[0], neg]  # no sentence starts inside a slot
     for w in range(1, W):
-        m = p.max() if B == 1 else p.amax(-1, keepdim=True)  # the best path so far, which any non-I tag follows
+        m = p.max() if one else _max(p)  # the best path so far, which any non-I tag follows
         a1, a2 = m + halves[2 * w], p + halves[2 * w + 1]  # I-x continues the best of its own pair
         p = torch.maximum(a1, a2)  # (B, 1, P)
         alpha += [a1, a2]
@@ -185,7 +187,7 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
         first, second = scores.split(P, 2)
         pair = torch.where(second > first, tables["up"], tables["down"])  # (B, W, P): I-x came from B-x or I-x
         back = torch.cat([best.expand(B, W, P), pair], 2).split(1, dim=1)  # W x (B, 1, L): position at w given w+1
-        cur = tables["zero3"] if B == 1 else tables["zero3"].expand(B, 1, 1)
+        cur = tables["zero3"] if one else tables["zero3"].expand(B, 1, 1)
         for w in range(W - 1, -1, -1):
             cur = back[w].gather(2, cur)  # (B, 1, 1)
             path.append(cur)
@@ -193,11 +195,19 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
     return torch.cat([cols.gather(1, path), o], 1)  # (B, T) tag ids
 
 
+def _max(x: torch.Tensor) -> torch.Tensor:
+    """x.amax(-1, keepdim=True) as ArgMax + GatherElements (same values): opset 18 gives ReduceMax its axes as an
+    input, which ONNX Runtime's symbolic shape inference cannot read, and the transformer optimizer's
+    SkipLayerNormalization fusion needs that inference over the whole (batched) graph."""
+    return x.gather(-1, x.argmax(-1, keepdim=True))
+
+
 class DecodedModel(nn.Module):
     """A joint model plus in-graph decoding; see the module docstring for inputs and outputs."""
 
     decoding = True
     backtrack = "argmax"
+    batched = False  # exported with a dynamic batch axis: intent_mask (B, I), the Viterbi's general path
 
     def __init__(self, model: nn.Module, base_mask: torch.Tensor, oos_id: int, threshold: float,
                  tables: dict[str, torch.Tensor] | None):
@@ -218,22 +228,28 @@ class DecodedModel(nn.Module):
     def cfg(self):
         return self.model.cfg
 
-    def for_runtime(self, runtime: str) -> "DecodedModel":
-        """The same model (shared weights), with the back-tracking that runtime runs fastest (BACKTRACK)."""
+    def for_runtime(self, runtime: str, batched: bool = False) -> "DecodedModel":
+        """The same model (shared weights), with the back-tracking that runtime runs fastest (BACKTRACK); batched:
+        for a dynamic batch axis."""
         out = copy.copy(self)
-        out.backtrack = BACKTRACK.get(runtime, "argmax")
+        out.backtrack, out.batched = BACKTRACK.get(runtime, "argmax"), batched
         return out
 
     def forward(self, input_ids, attention_mask, word_pos, intent_mask, reject):
         out = self.model(input_ids, attention_mask)
         logits = out[0] if self.all_allowed else out[0] + self.intent_bias  # (B, I)
         probs = torch.softmax(torch.where(intent_mask, logits, self.neg), -1)  # renormalised over allowed intents
-        conf, intent = probs.max(-1)  # (B,)
+        if self.batched:  # (B,) each; no ReduceMax, see _max
+            intent = probs.argmax(-1)
+            conf = probs.gather(-1, intent[:, None])[:, 0]
+        else:
+            conf, intent = probs.max(-1)  # (B,)
         intent = torch.where(reject & (conf < self.threshold), self.oos, intent)
         if not self.has_slots:
             return intent, conf
         # Table row = intent: the Viterbi runs over the predicted intent's slots only (rows past the intents: O).
-        return intent, conf, viterbi(out[1], word_pos, dict(self.bio.named_buffers()), intent, self.backtrack)
+        return intent, conf, viterbi(out[1], word_pos, dict(self.bio.named_buffers()), intent, self.backtrack,
+                                     self.batched)
 
 
 @dataclass

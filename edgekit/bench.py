@@ -102,9 +102,41 @@ def decoding_latency(package: str, runtime: str, raw_path: str, texts: list[str]
                           p.max_len, decoding=False)]  # exported with the same buckets
     if unfused_path:
         preds.append(Predictor(open_backend(runtime, unfused_path, threads, pkg.buckets(runtime)), p.tokenizer,
-                               p.labels, p.max_len, decoding=True))
+                               p.labels, p.max_len, decoding=True, batched=p.batched))
     # Ten rounds (a few seconds): single runs of three rounds moved by several points with the machine's state.
     return alternating_latency(preds, texts, rounds=10)
+
+
+def batch_throughput(package: str, texts: list[str], batches: list[int], threads: int = 1,
+                     providers: list[str] | None = None, rounds: int = 3) -> dict:
+    """A batched package's model call at each batch size: p50 ms per batch and utterances per second, on
+    batches cut from `texts` in order (every utterance once per round), after one warm-up round. The provider
+    that ran is recorded."""
+    import time
+
+    import numpy as np
+
+    from edgekit.runtime.predictor import stack
+
+    pred = Predictor.open(package, "onnx", threads=threads, providers=providers)
+    if not pred.batched:
+        raise EdgekitError(f"{package}: the package's graph takes one utterance per call (a phone profile)")
+    xs = [pred.inputs(pred.tokenizer.encode(t, pred.max_len)) for t in texts]
+    out = {"provider": pred.provider, "threads": threads}
+    for b in batches:
+        groups = [stack((xs * (1 + b // len(xs)))[k : k + b]) for k in range(0, max(len(xs), b), b)]
+        groups = [g for g in groups if len(g[0]) == b]
+        times = []
+        for r in range(rounds + 1):
+            for g in groups:
+                t0 = time.perf_counter()
+                pred.backend.run(*g)
+                if r:  # round 0 warms up (ONNX Runtime allocates per new shape)
+                    times.append((time.perf_counter() - t0) * 1000)
+        p50 = float(np.percentile(times, 50))
+        out[str(b)] = {"p50_ms": round(p50, 3), "p99_ms": round(float(np.percentile(times, 99)), 3),
+                       "per_second": round(1000 * b / p50, 1), "n": len(times)}
+    return out
 
 
 def in_fresh_process(fn: str, **kwargs):

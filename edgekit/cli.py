@@ -29,7 +29,13 @@ def _quiet():
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def _runtime(value: str) -> str:
+def _runtime(value: str | None, package: Path | None = None) -> str:
+    """--runtime, or the package's primary runtime when not given."""
+    if value is None and package is not None:
+        try:
+            return json.loads((package / "manifest.json").read_text(encoding="utf-8"))["primary_runtime"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return "executorch"  # the package's own check reports what is wrong with it
     if value not in RUNTIMES:
         raise EdgekitError(f"unknown --runtime {value!r}; choose {' or '.join(RUNTIMES)}")
     return value
@@ -97,7 +103,7 @@ def _names(csv: str | None) -> list[str] | None:
 def predict(
     package: Path = typer.Argument(..., help="Package folder written by `edgekit build`."),
     text: str = typer.Argument(..., help="The utterance."),
-    runtime: str = typer.Option("executorch", help="executorch or onnx."),
+    runtime: Optional[str] = typer.Option(None, help="executorch or onnx (default: the package's primary)."),
     tags: bool = typer.Option(False, help="Also print the per-word BIO tags."),
     allow_intents: Optional[str] = typer.Option(None, help="Comma-separated intents the answer may take "
                                                 "(fills the graph's intent_mask; default: all)."),
@@ -111,8 +117,11 @@ def predict(
     except PackageError as e:
         raise EdgekitError(str(e)) from None
     try:
-        result = Predictor.open(pkg, _runtime(runtime)).predict(text, allow_intents=_names(allow_intents),
-                                                                reject=not no_reject)
+        pred = Predictor.open(pkg, _runtime(runtime, package))
+    except PackageError as e:
+        raise EdgekitError(str(e)) from None
+    try:
+        result = pred.predict(text, allow_intents=_names(allow_intents), reject=not no_reject)
     except ValueError as e:
         raise EdgekitError(f"--allow-intents: {e}") from None
     if not tags:
@@ -124,7 +133,7 @@ def predict(
 def eval_(
     package: Path = typer.Argument(..., help="Package folder written by `edgekit build`."),
     data: Path = typer.Option(..., "--data", help="Dataset with the split to score."),
-    runtime: str = typer.Option("executorch", help="executorch or onnx."),
+    runtime: Optional[str] = typer.Option(None, help="executorch or onnx (default: the package's primary)."),
     split: str = typer.Option("test", help="train, dev or test."),
     format: Optional[str] = typer.Option(None, "--format", help="Force the data format."),
     compare_eager: bool = typer.Option(True, help="Also report agreement with the eager model, if checkpointed."),
@@ -136,7 +145,7 @@ def eval_(
 
     if split not in ("train", "dev", "test"):
         raise EdgekitError(f"unknown --split {split!r}; choose train, dev or test")
-    typer.echo(json.dumps(evaluate_package(package, data, _runtime(runtime), split, format, compare_eager,
+    typer.echo(json.dumps(evaluate_package(package, data, _runtime(runtime, package), split, format, compare_eager,
                                                 _names(allow_intents), not no_reject), indent=2))
 
 
@@ -144,19 +153,129 @@ def eval_(
 def bench_(
     package: Path = typer.Argument(..., help="Package folder written by `edgekit build`."),
     data: Path = typer.Option(..., "--data", help="Dataset whose utterances are timed."),
-    runtime: str = typer.Option("executorch", help="executorch or onnx."),
+    runtime: Optional[str] = typer.Option(None, help="executorch or onnx (default: the package's primary)."),
     n: int = typer.Option(200, help="Utterances timed (each 3 times)."),
     threads: int = typer.Option(1, help="Runtime threads (1: as an app's foreground call)."),
     compare_teacher: bool = typer.Option(False, help="Also export the build's FP32 teacher the same way and time "
                                          "it in the same run; reports the speed-up."),
     split: str = typer.Option("test", help="train, dev or test."),
+    batch: Optional[str] = typer.Option(None, help="Batch sizes, e.g. 1,8,32,128: throughput of a server "
+                                        "package's batched graph at each (ONNX Runtime)."),
+    provider: Optional[list[str]] = typer.Option(None, help="ONNX Runtime provider to try, in order, repeatable: "
+                                                 "tensorrt, cuda, cpu (default: the package's)."),
 ):
-    """Single-utterance latency (p50/p99, after warm-up) of a package's model call on real utterances."""
-    from edgekit.bench import bench
+    """Single-utterance latency (p50/p99, after warm-up) of a package's model call on real utterances; with
+    --batch, a server package's throughput by batch size."""
+    from edgekit.bench import batch_throughput, bench
+    from edgekit.data import load_dataset
 
     if n < 1 or threads < 1:
         raise EdgekitError("--n and --threads must be >= 1")
-    typer.echo(json.dumps(bench(package, data, _runtime(runtime), n, threads, compare_teacher, split), indent=2))
+    if batch is None:
+        typer.echo(json.dumps(bench(package, data, _runtime(runtime, package), n, threads, compare_teacher, split),
+                              indent=2))
+        return
+    try:
+        sizes = [int(b) for b in batch.split(",")]
+    except ValueError:
+        raise EdgekitError(f"--batch {batch!r}: comma-separated whole numbers, e.g. 1,8,32") from None
+    if not sizes or min(sizes) < 1:
+        raise EdgekitError("--batch sizes must be >= 1")
+    _providers(provider)
+    texts = [ex.text for ex in load_dataset(data).splits[split][:n]]
+    typer.echo(json.dumps(batch_throughput(str(package), texts, sizes, threads, provider), indent=2))
+
+
+def _providers(names: list[str] | None) -> list[str] | None:
+    from edgekit.runtime.providers import PROVIDERS
+
+    bad = [p for p in names or [] if p not in PROVIDERS]
+    if bad:
+        raise EdgekitError(f"unknown --provider {bad[0]!r}; choose from {', '.join(PROVIDERS)}")
+    return names or None
+
+
+@app.command()
+def serve(
+    package: Path = typer.Argument(..., help="Package folder written by `edgekit build` (a server profile's "
+                                   "batches; a phone package is served one utterance per call)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (default loopback only)."),
+    port: int = typer.Option(8000, help="HTTP port."),
+    replicas: Optional[int] = typer.Option(None, help="Fixed replica count (overrides the profile's autoscaling)."),
+    address: Optional[str] = typer.Option(None, help="Join a running Ray cluster (e.g. ray://head:10001 or "
+                                          "head:6379) instead of starting a local one."),
+    max_batch: Optional[int] = typer.Option(None, help="Largest batch (default: the profile's); 1 answers one "
+                                            "request at a time."),
+    batch_wait_ms: Optional[float] = typer.Option(None, help="How long a batch waits to fill (ms)."),
+    provider: Optional[list[str]] = typer.Option(None, help="ONNX Runtime provider to try, in order, repeatable."),
+    threads: Optional[int] = typer.Option(None, help="ONNX Runtime threads per replica."),
+):
+    """Serve a package over HTTP on Ray Serve with dynamic batching: POST /predict, POST /predict_batch,
+    GET /healthz, GET /metrics (Prometheus). Ctrl-C or SIGTERM stops it and every process it started."""
+    import signal
+    import threading
+
+    from edgekit import serve as srv
+    from edgekit.runtime import Package, PackageError
+
+    try:
+        pkg = Package.load(package)
+    except PackageError as e:
+        raise EdgekitError(str(e)) from None
+    try:
+        settings = srv.settings_of(pkg.manifest, replicas=replicas, autoscale=False if replicas else None,
+                                   max_batch=max_batch, batch_wait_ms=batch_wait_ms, providers=_providers(provider),
+                                   threads=threads)
+    except ValueError as e:
+        raise EdgekitError(f"serve: {e}") from None
+    try:
+        import ray  # noqa: F401
+        from ray import serve as _  # noqa: F401
+    except ImportError:
+        raise EdgekitError("edgekit serve needs Ray Serve: pip install 'edgekit[serve]'") from None
+    stop = threading.Event()
+
+    def on_signal():  # ray.init installs its own SIGTERM handler (a stack dump and abort): ours goes on after it
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+
+    on_signal()
+    try:
+        typer.echo(f"starting Ray Serve: {srv.describe(settings)}", err=True)
+        srv.start(package, settings, host, port, address, after_init=on_signal)
+        typer.echo(f"serving {package} at http://{host}:{port} (POST /predict, /predict_batch; GET /healthz, "
+                   "/metrics); Ctrl-C stops", err=True)
+        stop.wait()
+    finally:
+        typer.echo("stopping", err=True)
+        srv.stop(address)
+
+
+@app.command()
+def loadtest(
+    url: str = typer.Argument(..., help="Server URL on this machine, e.g. http://127.0.0.1:8000."),
+    data: Path = typer.Option(..., "--data", help="Dataset whose utterances are sent (the split below)."),
+    profile: str = typer.Option("high", help="low (4 concurrent), high (64) or burst (200 at once, repeated)."),
+    duration: float = typer.Option(30.0, help="Seconds; it stops by itself."),
+    timeout: float = typer.Option(10.0, help="Seconds before a request counts as timed out."),
+    split: str = typer.Option("test", help="train, dev or test."),
+    out: Path = typer.Option(Path("loadtest.json"), help="Where the figures are written (JSON)."),
+):
+    """Drive a running `edgekit serve` on loopback: latency p50/p90/p99, throughput, errors and timeouts, and the
+    server's mean batch size and queue time from /metrics."""
+    from rich.console import Console
+
+    from edgekit import loadtest as lt
+    from edgekit.data import load_dataset
+
+    lt.check_loopback(url)  # before anything else: no traffic leaves the machine
+    if split not in ("train", "dev", "test"):
+        raise EdgekitError(f"unknown --split {split!r}; choose train, dev or test")
+    texts = [ex.text for ex in load_dataset(data).splits[split]]
+    result = lt.run(url, texts, profile, duration, timeout)
+    Console().print(lt.render(result))
+    lt.save(result, out)
+    typer.echo(f"written: {out}", err=True)
 
 
 cache_app = typer.Typer(help="The stage cache: list or prune its entries.", no_args_is_help=True)
@@ -208,12 +327,17 @@ def targets():
 
 
 def main() -> None:
+    from edgekit.runtime.package import PackageError
+
     _quiet()
     try:
         app()
     except EdgekitError as e:
         typer.echo(f"error: {e}", err=True)
         sys.exit(e.exit_code)
+    except PackageError as e:  # a package that is not what the command needs (e.g. no model for --runtime)
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(2)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

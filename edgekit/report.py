@@ -96,6 +96,9 @@ def render_markdown(rep: dict) -> str:
                          + f" {lat['threads']} | {lengths} |")
         lines += ["", "Measured on the build machine's CPU through the ExecuTorch and ONNX Runtime Python bindings "
                   "(the same C++ runtimes an app links); no phone was measured."]
+    lines += _batches(rep)
+    if rep.get("package", {}).get("provider"):
+        lines += ["", f"The shipped package was scored on ONNX Runtime's {rep['package']['provider']}."]
     warns = [w for p in rep.get("passes", []) for w in p.get("warnings", [])]
     if warns:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in warns]
@@ -220,11 +223,43 @@ def _fusion(fuse: dict | None) -> list[str]:
                         f"({raw['delegated_compute_ops']} / {raw['portable_compute_ops']})" if raw else "")
                      + f"; {et.get('delegate_calls')} delegate calls.")
     on = fuse["extra"].get("onnx")
-    if on:
+    if on and "fused" in on:  # a server graph: the transformer optimizer, then its precision
+        fused = ", ".join(f"{k} {v}" for k, v in on["fused"].items())
+        q = on.get("int8")
+        lines.append(f"- ONNX Runtime transformer optimizer (bert): fused {fused}; fully optimized: "
+                     f"{'yes' if on['fully_optimized'] else 'no'}; nodes {on['nodes_before']} → {on['nodes_after']}.")
+        lines.append(f"- precision {on['precision']}"
+                     + (f" ({q['mode']} INT8: " + ", ".join(f"{k} {v}" for k, v in q["quantized_ops"].items()) + ")"
+                        if q else "")
+                     + (f"; the decoding graph's {on['fp32_nodes']} nodes stay FP32" if on.get("fp32_nodes") else "")
+                     + (f"; on this CPU ONNX Runtime added {on['cpu_casts_inserted']} Cast nodes around FP16 nodes "
+                        "without a CPU kernel" if on.get("cpu_casts_inserted") else "")
+                     + f". Answers equal to the FP32 export's on {_pct(on['agreement'])}% of {on['checked']} test "
+                     "utterances"
+                     + (f"; answered in batches of {on['batch_parity']['batch']}, "
+                        f"{_pct(on['batch_parity']['agree'])}% equal to one by one" if on.get("batch_parity") else "")
+                     + ".")
+    elif on:
         lines.append(f"- ONNX Runtime, offline graph optimization (extended): nodes {on['nodes_before']} → "
                      f"{on['nodes_after']}; fused against unfused on {on['checked']} test utterances: "
                      f"{_pct(on['agreement'])}% identical answers.")
     return ["", "## Fusion (fixed shapes)", ""] + lines if lines else []
+
+
+def _batches(rep: dict) -> list[str]:
+    """A server package's throughput by batch size, and the provider that ran."""
+    rows = [(rt, lat["batches"]) for rt, lat in rep.get("latency", {}).items() if lat.get("batches")]
+    if not rows:
+        return []
+    lines = ["", "## Batched throughput", "", "| runtime | provider | threads | batch | p50 ms per batch | "
+             "utterances/s |", "|---|---|---:|---:|---:|---:|"]
+    for rt, b in rows:
+        for size, v in b.items():
+            if isinstance(v, dict):
+                lines.append(f"| {rt} | {b['provider']} | {b['threads']} | {size} | {v['p50_ms']:.2f} | "
+                             f"{v['per_second']:.0f} |")
+    return lines + ["", "The model call alone, on the build machine; `edgekit serve` adds HTTP and queueing "
+                    "(`edgekit loadtest` measures the whole)."]
 
 
 def _decoding(export: dict | None) -> list[str]:

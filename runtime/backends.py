@@ -79,24 +79,43 @@ class ExecuTorchBackend:
 
 
 class OnnxBackend:
-    """An `.onnx` model run by ONNX Runtime's CPU execution provider."""
+    """An `.onnx` model run by ONNX Runtime. providers: short names tried in order (edgekit.runtime.providers;
+    default CPU); `provider` is the one that runs. On CUDA the inputs and outputs go through IO binding."""
 
     name = "onnx"
 
-    def __init__(self, path: str | Path, threads: int = 1):
+    def __init__(self, path: str | Path, threads: int = 1, providers: list[str] | None = None,
+                 serve: dict | None = None, max_len: int = 64, n_intents: int = 2):
         import onnxruntime as ort
+
+        from edgekit.runtime.providers import check_ran, choose
 
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
-        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        chosen = choose(providers or ["cpu"], serve, max_len, n_intents)
+        self.session = ort.InferenceSession(str(path), so, providers=[p for p, _ in chosen],
+                                            provider_options=[o for _, o in chosen])
         self.input_names = [i.name for i in self.session.get_inputs()]
-        self.threads = threads
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.threads, self.provider = threads, self.session.get_providers()[0]
+        check_ran(chosen[0][0], self.provider)
+        self.binding = self.session.io_binding() if self.provider != "CPUExecutionProvider" else None
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Inputs in the graph's order (see the manifest's `inputs`)."""
-        return self.session.run(None, dict(zip(self.input_names, inputs)))
+        if self.binding is None:
+            return self.session.run(None, dict(zip(self.input_names, inputs)))
+        b = self.binding
+        b.clear_binding_inputs()
+        b.clear_binding_outputs()
+        for name, a in zip(self.input_names, inputs):
+            b.bind_cpu_input(name, np.ascontiguousarray(a))
+        for name in self.output_names:
+            b.bind_output(name, "cpu")
+        self.session.run_with_iobinding(b)
+        return b.copy_outputs_to_cpu()
 
 
 def fit(inputs, length: int) -> list[np.ndarray]:
@@ -129,11 +148,12 @@ class Bucketed:
 BACKENDS = {"executorch": ExecuTorchBackend, "onnx": OnnxBackend}
 
 
-def open_backend(runtime: str, path: str | Path, threads: int = 1, buckets: list[dict] | None = None):
+def open_backend(runtime: str, path: str | Path, threads: int = 1, buckets: list[dict] | None = None, **onnx):
     """The runtime's backend for `path`. ExecuTorch's thread count is process-wide (set_threads); ONNX Runtime's
-    is per session. buckets: the manifest's [{"max_len", "method"}] for a .pte with one method per length."""
+    is per session. buckets: the manifest's [{"max_len", "method"}] for a .pte with one method per length.
+    onnx: OnnxBackend's providers, serve and max_len."""
     if runtime != "executorch":
-        return BACKENDS[runtime](path, threads)
+        return BACKENDS[runtime](path, threads, **onnx)
     if not buckets or len(buckets) < 2:
         return ExecuTorchBackend(path)
     first = ExecuTorchBackend(path, buckets[0]["method"])

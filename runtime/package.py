@@ -65,6 +65,11 @@ class Package:
         """Length buckets of `runtime`'s model, shortest first: [{"max_len", "method"}] (None: one length)."""
         return self.manifest.get("buckets", {}).get(runtime)
 
+    @property
+    def batched(self) -> bool:
+        """The graph has a dynamic batch axis (server profiles): its inputs' first dimension is "batch"."""
+        return self.manifest["inputs"][0]["shape"][0] == "batch"
+
     def model_path(self, runtime: str) -> Path:
         models = self.manifest["models"]
         if runtime not in models:

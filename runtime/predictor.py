@@ -26,14 +26,26 @@ def load_tokenizer(pkg: Package):
 
 
 def model_inputs(enc: Encoding, n_intents: int, decoding: bool, intent_mask: np.ndarray | None = None,
-                 reject: bool = True) -> list[np.ndarray]:
-    """The graph's inputs for one utterance, in the manifest's order."""
+                 reject: bool = True, batched: bool = False) -> list[np.ndarray]:
+    """The graph's inputs for one utterance, in the manifest's order. A batched graph (server profiles) takes
+    intent_mask per utterance, (B, I), where a phone's graph takes one (I,)."""
     ids = np.asarray([enc.input_ids], dtype=np.int64)  # (1, T)
     mask = np.asarray([enc.attention_mask], dtype=np.int64)  # (1, T)
     if not decoding:
         return [ids, mask]
     allowed = np.ones(n_intents, dtype=bool) if intent_mask is None else np.asarray(intent_mask, dtype=bool)  # (I,)
-    return [ids, mask, word_positions(enc.word_index).reshape(1, -1), allowed, np.asarray([reject], dtype=bool)]
+    return [ids, mask, word_positions(enc.word_index).reshape(1, -1), allowed[None] if batched else allowed,
+            np.asarray([reject], dtype=bool)]
+
+
+def stack(inputs: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """Single-utterance inputs of a batched graph -> one batch (each array concatenated on its batch axis)."""
+    return [np.concatenate(arrays, 0) for arrays in zip(*inputs)]
+
+
+def row(outputs: list[np.ndarray], i: int) -> list[np.ndarray]:
+    """Utterance i's outputs of a batched run, shaped as a single run's."""
+    return [o[i : i + 1] for o in outputs]
 
 
 def word_positions(word_index: list[int]) -> np.ndarray:
@@ -45,22 +57,44 @@ def word_positions(word_index: list[int]) -> np.ndarray:
     return pos
 
 
+def _has(provider: str) -> bool:
+    import onnxruntime as ort
+
+    return provider in ort.get_available_providers()
+
+
 class Predictor:
     """`Predictor.open("build/snips-android").predict("play queen")` -> {"intent", "confidence", "slots"}."""
 
-    def __init__(self, backend, tokenizer, labels: dict, max_len: int, decoding: bool = False):
+    def __init__(self, backend, tokenizer, labels: dict, max_len: int, decoding: bool = False, batched: bool = False):
         self.backend, self.tokenizer, self.labels, self.max_len = backend, tokenizer, labels, max_len
         self.decoding = decoding  # the graph decodes (intent mask, rejection, Viterbi) and returns final ids
+        self.batched = batched  # the graph has a dynamic batch axis (server profiles)
 
     @classmethod
-    def open(cls, package: str | Path | Package, runtime: str = "executorch", threads: int = 1) -> "Predictor":
-        """Load a package folder for one runtime (`executorch` or `onnx`)."""
+    def open(cls, package: str | Path | Package, runtime: str = "executorch", threads: int = 1,
+             providers: list[str] | None = None) -> "Predictor":
+        """Load a package folder for one runtime (`executorch` or `onnx`). providers: ONNX Runtime execution
+        providers by short name, in order (default: the package's, else CPU); `provider` says which runs."""
         pkg = package if isinstance(package, Package) else Package.load(package)
         if runtime not in BACKENDS:
             raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(BACKENDS)}")
-        path = pkg.model_path(runtime)
-        backend = open_backend(runtime, path, threads, pkg.buckets(runtime))
-        return cls(backend, load_tokenizer(pkg), pkg.labels, pkg.max_len, bool(pkg.manifest.get("decoding")))
+        path, onnx = pkg.model_path(runtime), {}
+        if runtime == "onnx":
+            serve = pkg.manifest.get("serve") or {}
+            names = providers or serve.get("providers") or ["cpu"]
+            onnx = {"providers": names, "serve": serve, "max_len": pkg.max_len,
+                    "n_intents": len(pkg.labels["intents"])}
+            if names[0] == "tensorrt" and pkg.manifest.get("tensorrt_model") and _has("TensorrtExecutionProvider"):
+                path = pkg.root / pkg.manifest["tensorrt_model"]  # TensorRT parses the unfused FP32 graph
+        backend = open_backend(runtime, path, threads, pkg.buckets(runtime), **onnx)
+        return cls(backend, load_tokenizer(pkg), pkg.labels, pkg.max_len, bool(pkg.manifest.get("decoding")),
+                   pkg.batched)
+
+    @property
+    def provider(self) -> str:
+        """The execution provider that runs the model (ExecuTorch: "xnnpack")."""
+        return getattr(self.backend, "provider", "xnnpack")
 
     def intent_mask(self, allow: list[str] | None) -> np.ndarray | None:
         """Names -> the `intent_mask` input (None: all intents allowed)."""
@@ -81,8 +115,11 @@ class Predictor:
                         self.tokenizer.length(text), self.max_len, enc.n_words_kept)
         return enc
 
+    def inputs(self, enc: Encoding, intent_mask: np.ndarray | None = None, reject: bool = True) -> list[np.ndarray]:
+        return model_inputs(enc, len(self.labels["intents"]), self.decoding, intent_mask, reject, self.batched)
+
     def run(self, enc: Encoding, intent_mask: np.ndarray | None = None, reject: bool = True) -> list[np.ndarray]:
-        return self.backend.run(*model_inputs(enc, len(self.labels["intents"]), self.decoding, intent_mask, reject))
+        return self.backend.run(*self.inputs(enc, intent_mask, reject))
 
     def predict(self, text: str, warn: bool = True, allow_intents: list[str] | None = None,
                 reject: bool = True) -> dict:
@@ -92,10 +129,23 @@ class Predictor:
         out = self.run(enc, self.intent_mask(allow_intents), reject)
         return decode(text, enc, out, self.labels, self.decoding)
 
+    def predict_batch(self, texts: list[str], allow_intents: list[list[str] | None] | None = None,
+                      reject: list[bool] | bool = True, warn: bool = False) -> list[dict]:
+        """Answer several utterances, each with its own options; one model call on a batched graph, one call
+        per utterance otherwise. Same answers as `predict` on each."""
+        n = len(texts)
+        allow = allow_intents or [None] * n
+        rej = reject if isinstance(reject, list) else [reject] * n
+        if not self.batched:
+            return [self.predict(t, warn, a, r) for t, a, r in zip(texts, allow, rej)]
+        if not n:
+            return []
+        encs = [self.encode(t, warn) for t in texts]
+        out = self.backend.run(*stack([self.inputs(e, self.intent_mask(a), r) for e, a, r in zip(encs, allow, rej)]))
+        return [decode(t, e, row(out, i), self.labels, self.decoding) for i, (t, e) in enumerate(zip(texts, encs))]
     def latency(self, texts: list[str], warmup: int = 20) -> dict:
         """Single-utterance latency of the model call (tokenize and decode excluded), after warm-up."""
-        encs = [self.tokenizer.encode(t, self.max_len) for t in texts]
-        inputs = [model_inputs(e, len(self.labels["intents"]), self.decoding) for e in encs]
+        inputs = [self.inputs(self.tokenizer.encode(t, self.max_len)) for t in texts]
         for x in inputs[:warmup]:
             self.backend.run(*x)
         times = []
@@ -119,8 +169,7 @@ def alternating_latency(preds: list[Predictor], texts: list[str], rounds: int = 
     alternates utterance by utterance (graphs of one model); a larger block runs that many utterances of one
     before the next, so that a small model is not timed with its caches just flushed by a big one (package
     against teacher)."""
-    xs = [[model_inputs(p.tokenizer.encode(t, p.max_len), len(p.labels["intents"]), p.decoding) for t in texts]
-          for p in preds]
+    xs = [[p.inputs(p.tokenizer.encode(t, p.max_len)) for t in texts] for p in preds]
     for k in range(min(warmup, len(texts))):
         for p, x in zip(preds, xs):
             p.backend.run(*x[k])

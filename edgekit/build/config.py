@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgekit.converters.distill import DistillConfig
+from edgekit.converters.optimize_onnx import ServerConfig
 from edgekit.converters.quantize_executorch import QuantizeConfig
 from edgekit.errors import EdgekitError
+from edgekit.serve import ServeSettings
 from edgekit.targets import Target, load_target, merge_tables
 from edgekit.training import TrainConfig
 
@@ -108,7 +110,7 @@ class PackageSettings:
 
 TABLES: dict[str, type] = {"teacher": TrainConfig, "compress": CompressConfig, "distill": DistillConfig,
                            "quantize": QuantizeConfig, "decoding": DecodingSettings, "budget": BudgetConfig,
-                           "package": PackageSettings}
+                           "package": PackageSettings, "server": ServerConfig, "serve": ServeSettings}
 # The settings each stage reads ("*": the whole table): they, with the stage's input, make its cache key. A
 # setting a stage does not read is not in its key, so changing it reuses that stage.
 STAGE_SETTINGS = {
@@ -118,9 +120,9 @@ STAGE_SETTINGS = {
     "distill": {"compress": ("param_share", "total_share", "max_param_share", "max_total_share", "prune_layers",
                              "prune_samples", "max_retries"), "distill": "*", "budget": "*"},
     "quantize": {"quantize": "*"},
-    "export": {"decoding": "*", "quantize": "*"},
-    "fuse": {},
-    "package": {"package": ("bench_utterances",)},
+    "export": {"decoding": "*", "quantize": "*", "server": ("batch",)},
+    "fuse": {"server": "*"},
+    "package": {"package": ("bench_utterances",), "serve": "*"},
 }
 
 
@@ -133,6 +135,8 @@ class Settings:
     decoding: DecodingSettings
     budget: BudgetConfig
     package: PackageSettings
+    server: ServerConfig
+    serve: ServeSettings
 
     def to_dict(self) -> dict:
         return {name: dataclasses.asdict(getattr(self, name)) for name in TABLES}
@@ -275,6 +279,9 @@ def resolve(cfg: BuildConfig) -> tuple[Target, Settings]:
         raise EdgekitError("stages must start with teacher and end with export, (fuse,) package")
     if [STAGES.index(x) for x in stages] != sorted({STAGES.index(x) for x in stages}):
         raise EdgekitError(f"stages run in this order, each once: {', '.join(STAGES)}")
+    if settings.server.batch and "executorch" in target.runtimes:
+        raise EdgekitError(f"{target.source}: server.batch needs runtimes = [\"onnx\"] (ExecuTorch packages take one "
+                           "utterance per call)")
     if cfg.intents is not None and not cfg.intents:
         raise EdgekitError("--intents is empty")
     return dataclasses.replace(target, stages=stages), settings

@@ -63,8 +63,8 @@ def check_inputs(ctx: Context, decoding: bool, n: int = 64) -> list[list[np.ndar
     encs = [ctx.tokenizer.encode(ex.text, ctx.max_len) for ex in ctx.data.splits["test"][:n]]
     n_int = len(ctx.data.intents)
     some = np.arange(n_int) % 2 == 0  # every other intent allowed
-    return [model_inputs(e, n_int, decoding, some if decoding and k % 4 == 3 else None, k % 3 != 2)
-            for k, e in enumerate(encs)]
+    return [model_inputs(e, n_int, decoding, some if decoding and k % 4 == 3 else None, k % 3 != 2,
+                         ctx.settings.server.batch) for k, e in enumerate(encs)]
 
 
 def runtime_answers(ctx: Context, runtime: str, path: Path, decoding: bool, reject: bool = False) -> list[dict]:
@@ -72,7 +72,8 @@ def runtime_answers(ctx: Context, runtime: str, path: Path, decoding: bool, reje
     from edgekit.runtime.backends import BACKENDS
     from edgekit.runtime.predictor import Predictor
 
-    p = Predictor(BACKENDS[runtime](path), ctx.tokenizer, ctx.labels, ctx.max_len, decoding)
+    p = Predictor(BACKENDS[runtime](path), ctx.tokenizer, ctx.labels, ctx.max_len, decoding,
+                  runtime == "onnx" and ctx.settings.server.batch)
     return [p.predict(ex.text, warn=False, reject=reject) for ex in ctx.data.splits["test"]]
 
 
@@ -83,7 +84,7 @@ def calibration(ctx: Context, n: int, decoding: bool) -> list[list[np.ndarray]]:
     train = ctx.data.splits["train"]
     idx = np.random.default_rng(ctx.cfg.seed).permutation(len(train))[:n]
     return [model_inputs(ctx.tokenizer.encode(train[i].text, ctx.max_len), len(ctx.data.intents), decoding,
-                         reject=False) for i in idx]
+                         reject=False, batched=ctx.settings.server.batch) for i in idx]
 
 
 def argmax_answers(ctx: Context, model, tokenizer) -> list[dict]:

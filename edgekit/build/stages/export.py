@@ -96,16 +96,23 @@ def _onnx_int8(ctx: Context, model, ecfg, path: Path, decoding: bool) -> PassRec
     return r
 
 
+def onnx_config(ctx: Context):
+    """Phones: batch 1. Server graphs: a dynamic batch axis."""
+    from edgekit.converters.export_onnx import OnnxExportConfig
+
+    return OnnxExportConfig(ctx.max_len, batch=ctx.settings.server.batch)
+
+
 @stage("export")
 def run(ctx: Context) -> ExportResult:
     from edgekit.converters.decoding import config_from_record, with_decoding
     from edgekit.converters.export_executorch import ExecuTorchExportConfig, export_executorch
-    from edgekit.converters.export_onnx import OnnxExportConfig, export_onnx
+    from edgekit.converters.export_onnx import export_onnx
     from edgekit.metrics import invalid_bio
 
     t0 = time.perf_counter()
     exporters = {"executorch": (export_executorch, ExecuTorchExportConfig(ctx.max_len, ctx.length_stats["buckets"])),
-                 "onnx": (export_onnx, OnnxExportConfig(ctx.max_len))}
+                 "onnx": (export_onnx, onnx_config(ctx))}
     model = ctx.model
     decoded, drec = decoding_graph(ctx, model)
     test = ctx.data.splits["test"]

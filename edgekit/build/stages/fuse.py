@@ -2,6 +2,8 @@
 
 ONNX: ONNX Runtime's offline optimizations saved into the exported graphs (with and without decoding), node
 counts before and after, fused against unfused answers on the whole test split; the row scores the fused model.
+Server profiles (`server.optimize`): ONNX Runtime's transformer optimizer instead, then `server.precision`
+(converters/optimize_onnx.py), with the fused-node counts in the record.
 ExecuTorch fused inside XNNPACK when it was lowered (export stage): its delegated share is carried here.
 """
 
@@ -22,16 +24,22 @@ from edgekit.training import score
 
 def _fuse(ctx: Context, src: Path, dst: Path, decoding: bool) -> dict:
     """`src` (the export, kept as unfused.<name> for the latency columns) -> `dst`, checked on the test split."""
+    from edgekit.build.evaluate import calibration
     from edgekit.converters.fuse import fuse_onnx
+    from edgekit.converters.optimize_onnx import optimize_onnx
     from edgekit.runtime.predictor import model_inputs
 
-    n = len(ctx.data.intents)
-    checks = [model_inputs(ctx.tokenizer.encode(ex.text, ctx.max_len), n, decoding, reject=False)
-              for ex in ctx.data.splits["test"]]
+    n, server = len(ctx.data.intents), ctx.settings.server
+    checks = [model_inputs(ctx.tokenizer.encode(ex.text, ctx.max_len), n, decoding, reject=False,
+                           batched=server.batch) for ex in ctx.data.splits["test"]]
     unfused = dst.with_name("unfused." + dst.name)
     shutil.copyfile(src, unfused)
-    rec = fuse_onnx(unfused, dst, checks)
-    return rec.extra | {"seconds": round(rec.seconds, 2)}
+    if server.optimize:
+        calib = calibration(ctx, ctx.settings.quantize.calib_samples, decoding) if server.precision == "int8" else None
+        rec = optimize_onnx(unfused, dst, server, checks, calib)
+    else:
+        rec = fuse_onnx(unfused, dst, checks)
+    return rec.extra | {"seconds": round(rec.seconds, 2), "warnings": rec.warnings}
 
 
 def model_file(ctx: Context, runtime: str, raw: bool = False) -> Path:
@@ -60,6 +68,7 @@ def run(ctx: Context) -> FuseResult:
         rec.extra["onnx_raw"] = _fuse(ctx, ctx.export.dir / raw_name("onnx"), ctx.work / raw_name("onnx"), False)
         rec.bytes_before = (ctx.export.dir / MODEL_FILES["onnx"]).stat().st_size
         files["onnx"] = MODEL_FILES["onnx"]
+        rec.warnings += rec.extra["onnx"].pop("warnings") + rec.extra["onnx_raw"].pop("warnings")
     path = (ctx.work if files else ctx.export.dir) / MODEL_FILES[runtime]
     rec.metrics = score(ctx.data.splits["test"], runtime_answers(ctx, runtime, path, True), ctx.labels)
     rec.bytes_after, rec.seconds = path.stat().st_size, time.perf_counter() - t0

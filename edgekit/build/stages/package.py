@@ -4,6 +4,7 @@ written to a temp file and renamed), so a reused package lands in OUT/ the same 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 
@@ -19,10 +20,13 @@ from edgekit.runtime.decode import OOS
 from edgekit.runtime.package import MANIFEST, SCHEMA_VERSION, Package, sha256
 from edgekit.training import score
 
+TRT_FILE = "model.trt.onnx"  # the unfused FP32 graph, for TensorRT (which cannot parse the fused ops)
+
 
 def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
     dec = ctx.export.decoding
     n_int, L = len(ctx.data.intents), ctx.max_len
+    B = "batch" if ctx.settings.server.batch else 1  # server graphs: a dynamic batch axis
     return {
         "schema_version": SCHEMA_VERSION,
         "created_by": f"edgekit {__version__}",
@@ -34,11 +38,11 @@ def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
                       "lowercase": ctx.tokenizer.lowercase, "vocab_size": ctx.tokenizer.vocab_size},
         "labels": "labels.json",
         "label_sets": {"intents": n_int, "slot_tags": len(ctx.data.slot_tags)},
-        "inputs": [{"name": "input_ids", "dtype": "int64", "shape": [1, L]},
-                   {"name": "attention_mask", "dtype": "int64", "shape": [1, L]},
-                   {"name": "word_pos", "dtype": "int64", "shape": [1, L - 2]},
-                   {"name": "intent_mask", "dtype": "bool", "shape": [n_int]},
-                   {"name": "reject", "dtype": "bool", "shape": [1]}],
+        "inputs": [{"name": "input_ids", "dtype": "int64", "shape": [B, L]},
+                   {"name": "attention_mask", "dtype": "int64", "shape": [B, L]},
+                   {"name": "word_pos", "dtype": "int64", "shape": [B, L - 2]},
+                   {"name": "intent_mask", "dtype": "bool", "shape": [B, n_int] if B != 1 else [n_int]},
+                   {"name": "reject", "dtype": "bool", "shape": [B]}],
         "outputs": ["intent", "confidence"] + (["tags"] if ctx.data.has_slots else []),
         # The graph decodes: intent id (the id after the last intent is the reserved oos answer unless the data
         # has its own oos class), its confidence over the allowed intents, and one BIO tag id per word.
@@ -49,6 +53,9 @@ def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
         # utterance's pieces, with its inputs cut to that length. "forward" is the full length.
         **({"buckets": buckets} if buckets else {}),
         "primary_runtime": ctx.target.primary_runtime,
+        # How `edgekit serve` runs it (providers in order, batching, replicas): the profile's [serve] table.
+        **({"serve": dataclasses.asdict(ctx.settings.serve)} if ctx.settings.server.batch else {}),
+        **({"tensorrt_model": TRT_FILE} if TRT_FILE in files else {}),
         "files": {f: {"sha256": sha256(ctx.work / f), "bytes": (ctx.work / f).stat().st_size} for f in files},
     }
 
@@ -84,6 +91,9 @@ def measure(ctx: Context, buckets: dict) -> dict:
                             "decoding_overhead": lat["p50_ms"] / lat_raw["p50_ms"] - 1}
         if lat_unfused:
             latency[runtime]["unfused"] = {k: round(lat_unfused[0][k], 3) for k in ("p50_ms", "p99_ms")}
+        if ctx.settings.server.batch:  # what batching buys on this machine: utterances per second by batch size
+            latency[runtime]["batches"] = in_fresh_process("batch_throughput", package=str(ctx.work), texts=texts,
+                                                           batches=[1, 8, 32], threads=threads)
     return latency
 
 
@@ -100,6 +110,9 @@ def run(ctx: Context) -> PackageResult:
     ctx.tokenizer.save(ctx.work / "tokenizer.model")
     write_json(ctx.work / "labels.json", ctx.labels)
     files = ["tokenizer.model", "labels.json"] + [MODEL_FILES[r] for r in ctx.target.runtimes]
+    if ctx.settings.server.batch and "tensorrt" in ctx.settings.serve.providers:
+        write_bytes(ctx.work / TRT_FILE, (ctx.export.dir / MODEL_FILES["onnx"]).read_bytes())
+        files.append(TRT_FILE)
     man = manifest(ctx, files, buckets)
     write_json(ctx.work / MANIFEST, man)
     pkg = Package.load(ctx.work)
@@ -114,6 +127,7 @@ def run(ctx: Context) -> PackageResult:
     # the package as shipped, opened as an app opens it
     p, test = Predictor.open(pkg, ctx.target.primary_runtime, threads=ctx.target.bench_threads), ctx.data.splits["test"]
     rec.metrics = score(test, [p.predict(ex.text, warn=False) for ex in test], ctx.labels)
+    info["provider"] = p.provider  # the execution provider that answered (a server-gpu package on CPU says so)
     rec.extra = {"latency": latency, "package": info}
     rec.seconds = time.perf_counter() - t0
     row = stage_row("package", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds)

@@ -1,0 +1,270 @@
+"""Pass: ONNX Runtime's transformer optimizer on a server graph, then its precision (FP16 or INT8).
+
+`optimize_onnx(src, dst, cfg, check_inputs, calib)`:
+1. `fusable`: three rewrites that make torch's dynamo export look like the graphs the optimizer's BERT patterns
+   were written for (same answers): the token-type row folded into the position table and the position ids
+   computed from input_ids' shape (EmbedLayerNormalization), the attention mask's two-axis Unsqueeze split in
+   two, and the attention scale as Div rather than Mul (Attention: the pattern takes the first Mul it finds);
+2. `onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`: fused Attention,
+   SkipLayerNormalization, EmbedLayerNormalization, BiasGelu; the fused-node counts and `is_fully_optimized()`
+   are recorded;
+3. precision: fp16 with `keep_io_types` (the decoding graph stays FP32: its blocked-move scores sum past FP16's
+   range), or INT8 after the optimizer, so that ONNX Runtime runs its quantized attention (QAttention):
+   dynamic (weights INT8, activations quantized per call) or static (QDQ MatMuls, calibrated);
+4. the answers of the result against the unoptimized FP32 graph on `check_inputs` (the whole test split).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgekit.io import atomic_path
+from edgekit.record import PassRecord
+
+PRECISIONS = ("fp32", "fp16", "int8")
+FUSED = ("Attention", "SkipLayerNormalization", "EmbedLayerNormalization", "BiasGelu")  # what a BERT graph gets
+
+
+@dataclass
+class ServerConfig:
+    """The server profiles' ONNX graph: a dynamic batch axis, the transformer optimizer in place of the generic
+    offline fusion, then a precision. Phones keep the defaults (batch 1, generic fusion, the quantize stage)."""
+
+    batch: bool = False  # dynamic batch axis on every input and output
+    optimize: bool = False  # onnxruntime.transformers optimizer (model_type "bert") in the fuse stage
+    precision: str = "fp32"  # after the optimizer: fp32, fp16 or int8
+    int8: str = "static"  # with precision int8: "static" (answers independent of the batch) or "dynamic"
+    min_agreement: float = 0.995  # answers equal to the unoptimized FP32 graph's, share of the test split
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.int8 not in ("dynamic", "static"):
+            raise ValueError(f"int8 must be dynamic or static, got {self.int8!r}")
+        if self.precision != "fp32" and not self.optimize:
+            raise ValueError("precision needs optimize = true (it is applied to the optimized graph)")
+        if not 0 <= self.min_agreement <= 1:
+            raise ValueError(f"min_agreement must be in [0, 1], got {self.min_agreement}")
+
+
+def fusable(model) -> list[str]:
+    """Rewrite `model` (onnx.ModelProto, in place) so the optimizer's BERT patterns match; returns what changed."""
+    from onnx import helper, numpy_helper
+
+    g, done = model.graph, []
+    inits = {i.name: i for i in g.initializer}
+    prod = {o: n for n in g.node for o in n.output}
+    value = lambda name: numpy_helper.to_array(inits[name])  # noqa: E731
+
+    def add_const(name, array):
+        g.initializer.append(numpy_helper.from_array(array, name))
+        inits[name] = g.initializer[-1]
+
+    # 1. LayerNorm(Add(Add(Gather(word, ids), Gather(pos, arange)), type_row)) -> LayerNorm(Add(...)) with the
+    #    type row inside the position table, the positions Expand(Range(Shape(ids)[1])) as BERT's exporter made.
+    ln = next((n for n in g.node if n.op_type == "LayerNormalization"), None)
+    add_t = prod.get(ln.input[0]) if ln is not None else None
+    row = next((i for i in add_t.input if i in inits), None) if add_t is not None and add_t.op_type == "Add" else None
+    inner = prod.get(next((i for i in add_t.input if i != row), "")) if row else None
+    parts = list(inner.input) if inner is not None and inner.op_type == "Add" else []
+    word = next((prod[i] for i in parts if i in prod and prod[i].op_type == "Gather"
+                 and prod[i].input[1] not in inits), None)
+    pos = next((prod[i] for i in parts if i in prod and prod[i].op_type == "Gather" and prod[i].input[1] in inits), None)
+    folded = next((i for i in parts if i in inits and value(i).ndim == 2), None)  # the exporter gathered it: (T, H)
+    if word is not None and (pos is not None or folded) and value(row).ndim == 1:
+        table = pos.input[0] if pos is not None else folded
+        inits[table].CopyFrom(numpy_helper.from_array(value(table) + value(row), table))
+        ln.input[0] = inner.output[0]
+        g.node.remove(add_t)
+        for name, v in (("ek_one", np.array(1)), ("ek_zero", np.array(0)), ("ek_axis0", np.array([0]))):
+            add_const(name, v.astype(np.int64))
+        ids = word.input[1]
+        chain = [helper.make_node("Shape", [ids], ["ek_ids_shape"], name="ek_ids_shape"),
+                 helper.make_node("Gather", ["ek_ids_shape", "ek_one"], ["ek_seq"], axis=0, name="ek_seq"),
+                 helper.make_node("Range", ["ek_zero", "ek_seq", "ek_one"], ["ek_range"], name="ek_range"),
+                 helper.make_node("Unsqueeze", ["ek_range", "ek_axis0"], ["ek_range2"], name="ek_range2"),
+                 helper.make_node("Expand", ["ek_range2", "ek_ids_shape"], ["ek_position_ids"], name="ek_pos")]
+        if pos is None:  # a Gather over the exporter's (T, H) rows, which the position ids select
+            chain.append(helper.make_node("Gather", [folded, "ek_position_ids"], ["ek_pos_rows"], name="ek_pos_rows"))
+            inner.input[parts.index(folded)] = "ek_pos_rows"
+            k = list(g.node).index(inner)
+        else:
+            pos.input[1] = "ek_position_ids"
+            k = list(g.node).index(pos)
+        for j, n in enumerate(chain):
+            g.node.insert(k + j, n)
+        done.append("embedding: token-type row folded into the position table; position ids from the shape")
+    # 2. a multi-axis Unsqueeze (the attention mask's (B, T) -> (B, 1, 1, T)) -> one Unsqueeze per axis
+    for n in [n for n in g.node if n.op_type == "Unsqueeze" and len(n.input) > 1 and n.input[1] in inits]:
+        axes = sorted(value(n.input[1]).reshape(-1).tolist())
+        if len(axes) < 2:
+            continue
+        k, cur = list(g.node).index(n), n.input[0]
+        g.node.remove(n)
+        for j, a in enumerate(axes):
+            name, out = f"{n.name}_axis{j}", n.output[0] if j == len(axes) - 1 else f"{n.name}_out{j}"
+            add_const(name, np.array([a], np.int64))
+            g.node.insert(k + j, helper.make_node("Unsqueeze", [cur, name], [out], name=f"{n.name}_{j}"))
+            cur = out
+        done.append(f"unsqueeze {n.name} split")
+    # 3. Softmax(Add(Mul(MatMul(q, k), c), mask)) -> Div(MatMul, 1 / c)
+    prod = {o: n for n in g.node for o in n.output}
+    for sm in [n for n in g.node if n.op_type == "Softmax"]:
+        add = prod.get(sm.input[0])
+        for mul in [prod.get(i) for i in (add.input if add is not None and add.op_type == "Add" else [])]:
+            if (mul is not None and mul.op_type == "Mul" and mul.input[1] in inits and value(mul.input[1]).size == 1
+                    and getattr(prod.get(mul.input[0]), "op_type", "") == "MatMul"):
+                inv = mul.input[1] + "_inv"
+                if inv not in inits:
+                    c = value(mul.input[1])
+                    add_const(inv, (1.0 / c).astype(c.dtype))
+                mul.op_type, mul.input[1] = "Div", inv
+                done.append("attention scale as Div")
+    del g.value_info[:]  # shapes are inferred again; some changed (the position ids)
+    return done
+
+
+def decoding_nodes(model) -> list[str]:
+    """Names of the decoding graph's nodes (those the exporter records outside the wrapped `model` module)."""
+    out = []
+    for n in model.graph.node:
+        meta = {p.key: p.value for p in n.metadata_props}
+        top = meta.get("pkg.torch.onnx.class_hierarchy", "")
+        scopes = meta.get("pkg.torch.onnx.name_scopes", "")
+        if "DecodedModel" in top.split(",")[0] and not scopes.startswith("['', 'model'"):
+            out.append(n.name)
+    return out
+
+
+def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inputs: list[list[np.ndarray]],
+                  calib: list[list[np.ndarray]] | None = None) -> PassRecord:
+    """Optimize `src` into `dst` (see the module docstring); check both on `check_inputs`."""
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    from edgekit.converters.quantize_onnx import _quiet
+
+    ort.set_default_logger_severity(3)  # the optimizer's and calibrator's sessions: no initializer chatter
+    t0 = time.perf_counter()
+    model = onnx.load(str(src))
+    nodes_before = len(model.graph.node)
+    rewrites, keep_fp32 = fusable(model), decoding_nodes(model)
+    with atomic_path(Path(dst).with_suffix(".prep.onnx")) as tmp:
+        onnx.save(model, str(tmp))
+    prep = Path(dst).with_suffix(".prep.onnx")
+    opt = _quiet(optimize_model, str(prep), model_type="bert", num_heads=0, hidden_size=0, opt_level=0)
+    fused = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
+    fully = bool(_quiet(opt.is_fully_optimized))
+    extra = {"rewrites": rewrites, "fused": fused, "fully_optimized": fully, "precision": cfg.precision}
+    if cfg.precision == "fp16":
+        names = {n.name for n in opt.model.graph.node}
+        _quiet(opt.convert_float_to_float16, keep_io_types=True, node_block_list=[n for n in keep_fp32 if n in names])
+        extra["fp32_nodes"] = len(keep_fp32)
+    with atomic_path(dst) as tmp:
+        opt.save_model_to_file(str(tmp))
+    prep.unlink()
+    if cfg.precision == "int8":
+        extra["int8"] = _int8(dst, cfg, calib or [], keep_fp32)
+    out = onnx.load(str(dst))
+    extra.update(nodes_before=nodes_before, nodes_after=len(out.graph.node),
+                 ops_after=dict(Counter(n.op_type for n in out.graph.node).most_common()),
+                 cpu_casts_inserted=_inserted_casts(dst) if cfg.precision == "fp16" else 0)
+    extra.update(_agreement(src, dst, check_inputs))
+    if cfg.batch:  # INT8 dynamic quantizes a batch's activations with one scale: answers may depend on the batch
+        from edgekit.converters.export_onnx import batch_parity
+        from edgekit.runtime.backends import OnnxBackend
+
+        run = OnnxBackend(dst).run
+        parts = [batch_parity(run, check_inputs[k : k + 32]) for k in range(0, len(check_inputs), 32)]
+        extra["batch_parity"] = {"n": sum(p["n"] for p in parts), "batch": 32,
+                                 "agree": sum(p["agree"] * p["n"] for p in parts) / max(1, sum(p["n"] for p in parts)),
+                                 "max_abs_diff": max((p["max_abs_diff"] for p in parts), default=0.0)}
+    rec = PassRecord("optimize_onnx", bytes_before=Path(src).stat().st_size, bytes_after=Path(dst).stat().st_size,
+                     seconds=time.perf_counter() - t0, extra=extra)
+    if extra.get("batch_parity", {}).get("agree", 1.0) < 1.0:
+        rec.warnings.append(f"answered in batches of 32, {100 * extra['batch_parity']['agree']:.2f}% of test answers "
+                            "equal the one-by-one ones (dynamic INT8 quantizes a batch with one scale)")
+    missing = [k for k in FUSED if not fused.get(k)]
+    if missing:
+        rec.warnings.append(f"the transformer optimizer fused no {', '.join(missing)}")
+    if cfg.precision == "fp16" and extra["agreement"] < cfg.min_agreement:
+        rec.warnings.append(f"{cfg.precision} answers agree with FP32 on {100 * extra['agreement']:.2f}% of "
+                            f"{extra['checked']} test utterances (< {100 * cfg.min_agreement:.1f}%)")
+    return rec
+
+
+def _int8(path: Path, cfg: ServerConfig, calib: list[list[np.ndarray]], keep_fp32: list[str]) -> dict:
+    """INT8 of the optimized graph, in place. The quantizers need every tensor's type, which ONNX's own
+    inference cannot give for the fused com.microsoft ops: ONNX Runtime's symbolic shape inference types them
+    first (without it the static quantizer silently skipped every activation). Dynamic: MatMul and the fused
+    Attention (-> QAttention), activations quantized per call with one scale per batch. Static: QDQ MatMuls with
+    scales calibrated on train utterances (ONNX Runtime has no static QAttention); the intent head (Gemm) stays
+    FP32."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    from edgekit.converters.quantize_onnx import QuantizeConfig, _quiet, quantize_onnx
+
+    before = Path(path).stat().st_size
+    typed = Path(path).with_suffix(".typed.onnx")
+    model = SymbolicShapeInference.infer_shapes(onnx.load(str(path)), auto_merge=True)
+    with atomic_path(typed) as tmp:
+        onnx.save(model, str(tmp))
+    heads = [n.name for n in model.graph.node if n.op_type == "Gemm"]
+    with atomic_path(path) as tmp:
+        if cfg.int8 == "dynamic":
+            _quiet(quantize_dynamic, str(typed), str(tmp), weight_type=QuantType.QInt8, per_channel=False,
+                   op_types_to_quantize=["MatMul", "Attention"], nodes_to_exclude=keep_fp32)
+        else:
+            quantize_onnx(typed, tmp, QuantizeConfig(embedding_bits=8), calib, exclude=keep_fp32 + heads)
+    typed.unlink()
+    ops = Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+    return {"mode": cfg.int8, "bytes_before": before,
+            "quantized_ops": {k: v for k, v in ops.items() if k.startswith(("Q", "DynamicQuantize", "MatMulInteger"))
+                              or k in ("QuantizeLinear", "DequantizeLinear")}}
+
+
+def _inserted_casts(path: Path) -> int:
+    """Cast nodes ONNX Runtime's CPU provider adds to an FP16 graph (float16 nodes without a CPU kernel run in
+    FP32 between casts): the count says how much of the FP16 graph the CPU check really ran in FP16."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as d:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        so.optimized_model_filepath = str(Path(d) / "m.onnx")
+        so.log_severity_level = 3
+        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        after = sum(n.op_type == "Cast" for n in onnx.load(str(Path(d) / "m.onnx")).graph.node)
+    return after - sum(n.op_type == "Cast" for n in onnx.load(str(path)).graph.node)
+
+
+def _agreement(src: Path, dst: Path, check_inputs: list[list[np.ndarray]]) -> dict:
+    """Share of `check_inputs` on which `dst` answers as `src`: ids equal; float outputs by argmax, on the real
+    (unpadded) pieces for per-piece outputs (a raw graph's slot logits)."""
+    from edgekit.runtime.backends import OnnxBackend
+
+    a, b = OnnxBackend(src), OnnxBackend(dst)
+    same, diff = 0, 0.0
+    for x in check_inputs:
+        ok = True
+        real = x[1].astype(bool)  # (B, T) attention mask
+        for p, q in zip(a.run(*x), b.run(*x)):
+            if p.dtype.kind == "f":
+                diff = max(diff, float(np.abs(p - q).max()))
+                same_arg = p.argmax(-1) == q.argmax(-1)  # (B,) or (B, T)
+                ok &= p.ndim < 2 or bool(same_arg[real].all() if same_arg.shape == real.shape else same_arg.all())
+            else:
+                ok &= bool(np.array_equal(p, q))
+        same += ok
+    return {"agreement": same / max(1, len(check_inputs)), "checked": len(check_inputs), "max_abs_diff": diff}

@@ -1,0 +1,371 @@
+"""`edgekit loadtest`: drive an `edgekit serve` server on loopback and report latency, throughput and batching.
+
+Threads, one keep-alive `http.client.HTTPConnection` each, so a request's latency is the server's and not a
+fresh TCP handshake's. Steady profiles keep exactly `concurrency` requests in flight until the deadline; the
+burst profile releases `concurrency` requests at one instant (a Barrier), waits for all of them, idles, repeats.
+The server's own batching figures come from two scrapes of /metrics, before and after: their difference is
+this run's batches only, whatever the server did before.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import itertools
+import json
+import math
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from rich.table import Table
+
+from edgekit.errors import EdgekitError
+from edgekit.io import write_json
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A load shape: `concurrency` requests in flight at all times, or (burst) released together, then idle."""
+
+    name: str
+    concurrency: int
+    burst: bool = False
+    idle_s: float = 0.0
+
+
+PROFILES: dict[str, Profile] = {
+    "low": Profile("low", 4),
+    "high": Profile("high", 64),
+    "burst": Profile("burst", 200, burst=True, idle_s=1.0),
+}
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_SAMPLE = re.compile(r"([^\s{]+)(\{.*\})?\s+(\S+)")  # name, labels up to the last brace (values may hold spaces), value
+
+
+def check_loopback(url: str) -> None:
+    """Refuse anything but an http:// URL whose host resolves only to loopback addresses: a load test is
+    meant for the local server, never someone else's."""
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        raise EdgekitError(f"{url}: only http:// URLs are supported (got scheme {parts.scheme or 'none'!r})")
+    host = parts.hostname
+    if not host:
+        raise EdgekitError(f"{url}: no host in the URL")
+    try:
+        port = parts.port or 80
+    except ValueError:
+        raise EdgekitError(f"{url}: the port is not a number in 0-65535") from None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise EdgekitError(f"{url}: cannot resolve {host!r} ({e}); loadtest only drives a loopback server") from None
+    addrs = {info[4][0].split("%")[0] for info in infos}  # an IPv6 address may carry a scope: "fe80::1%eth0"
+    outside = sorted(a for a in addrs if not ipaddress.ip_address(a).is_loopback)
+    if outside or not addrs:
+        raise EdgekitError(f"{url}: {host} resolves to {', '.join(outside) or 'nothing'}, not loopback; "
+                           "loadtest only drives a server on this machine (localhost, 127.0.0.1, [::1])")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text format to {series: value}, keys exactly as written ('name{le="4"}' or a plain name).
+    Comments, blank and malformed lines are skipped."""
+    out = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line.strip())
+        if m and not line.lstrip().startswith("#"):
+            try:
+                out[m[1] + (m[2] or "")] = float(m[3])  # a trailing timestamp, if any, is ignored
+            except ValueError:
+                continue
+    return out
+
+
+def _series(metrics: dict[str, float], name: str) -> list[tuple[dict[str, str], float]]:
+    """Every series of metric `name` with its labels parsed; NaN and infinite samples count nothing, so skipped."""
+    return [(dict(_LABEL.findall(key.partition("{")[2])), v) for key, v in metrics.items()
+            if key.partition("{")[0] == name and math.isfinite(v)]
+
+
+def _total(metrics: dict[str, float], name: str) -> float | None:
+    """The sum over all series of `name` (several replicas may each report their own), None if absent."""
+    found = _series(metrics, name)
+    return sum(v for _, v in found) if found else None
+
+
+def _buckets(metrics: dict[str, float]) -> dict[float, float]:
+    """Cumulative batch-size buckets by upper bound, summed over replicas."""
+    out: dict[float, float] = {}
+    for labels, value in _series(metrics, "edgekit_batch_size_bucket"):
+        try:
+            le = float(labels["le"])
+        except (KeyError, ValueError):
+            continue  # not a bucket this summary can place
+        out[le] = out.get(le, 0.0) + value
+    return out
+
+
+def server_summary(before: dict[str, float] | None, after: dict[str, float] | None) -> dict:
+    """This run's batching from two scrapes: mean batch size, non-cumulative histogram, mean queue time."""
+    summary = {"mean_batch_size": None, "batch_histogram": None, "mean_queue_ms": None, "provider": None}
+    if after is None:
+        return summary
+    before = before or {}
+    if (_total(after, "edgekit_batch_size_count") or 0) < (_total(before, "edgekit_batch_size_count") or 0):
+        before = {}  # the server restarted between the scrapes: its counters began again at zero
+
+    def delta(name):
+        a = _total(after, name)
+        return None if a is None else a - (_total(before, name) or 0.0)
+
+    size_sum, size_n = delta("edgekit_batch_size_sum"), delta("edgekit_batch_size_count")
+    if size_sum is not None and size_n:
+        summary["mean_batch_size"] = round(size_sum / size_n, 3)
+    queue_sum, queue_n = delta("edgekit_queue_seconds_sum"), delta("edgekit_queue_seconds_count")
+    if queue_sum is not None and queue_n:
+        summary["mean_queue_ms"] = round(1000 * queue_sum / queue_n, 3)
+    cum_after, cum_before = _buckets(after), _buckets(before)
+    if cum_after:
+        hist, below = {}, 0.0
+        for le in sorted(cum_after):
+            cum = cum_after[le] - cum_before.get(le, 0.0)
+            label = "+Inf" if math.isinf(le) else (str(int(le)) if le.is_integer() else str(le))
+            hist[label], below = max(0, round(cum - below)), cum
+        summary["batch_histogram"] = hist
+    providers = sorted({lab["provider"] for lab, v in _series(after, "edgekit_provider_info")
+                        if v > 0 and "provider" in lab})
+    summary["provider"] = ",".join(providers) or None
+    return summary
+
+
+class _Client:
+    """One keep-alive connection to the server, closed after any failure: it is then in an unknown state, and
+    http.client opens a fresh one on the next request."""
+
+    def __init__(self, host: str, port: int, timeout_s: float):
+        self.conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+        self.reused = False
+
+    def connect(self) -> None:
+        try:
+            self.conn.connect()
+        except OSError:
+            self.conn.close()  # the first request connects again and reports the error
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            self.conn.request("GET", path)
+            resp = self.conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            self.conn.close()
+
+    def post(self, path: str, text: str) -> tuple[str, float, str | None]:
+        """One /predict call: ("ok" | "error" | "timeout", wall latency in ms, error message or None)."""
+        body = json.dumps({"text": text}).encode("utf-8")
+        for retry in (False, True):
+            t0 = time.perf_counter()
+            try:
+                self.conn.request("POST", path, body, {"Content-Type": "application/json"})
+                resp = self.conn.getresponse()
+                data = resp.read()  # read it all, or the connection cannot carry the next request
+            except TimeoutError:
+                self.conn.close()
+                self.reused = False
+                return "timeout", 1000 * (time.perf_counter() - t0), None
+            except Exception as e:  # a worker must survive anything, or a burst barrier hangs
+                self.conn.close()
+                stale = self.reused and isinstance(e, (ConnectionResetError, BrokenPipeError))
+                self.reused = False
+                if stale and not retry:
+                    continue  # the server closed an idle keep-alive connection: not its failure, resend once
+                return "error", 1000 * (time.perf_counter() - t0), f"{type(e).__name__}: {e}"
+            ms = 1000 * (time.perf_counter() - t0)
+            self.reused = True
+            if resp.status != 200:
+                try:
+                    detail = json.loads(data)["error"]
+                except Exception:  # any odd body: show its start instead
+                    detail = data[:200].decode("utf-8", "replace")
+                return "error", ms, f"HTTP {resp.status}: {detail}"
+            try:
+                if isinstance(json.loads(data), dict):
+                    return "ok", ms, None
+            except ValueError:
+                pass
+            return "error", ms, "HTTP 200 with a body that is not a JSON object"
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks of sorted `values`."""
+    if not values:
+        return None
+    pos = q * (len(values) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return round(values[lo] + (values[hi] - values[lo]) * (pos - lo), 3)
+
+
+def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s: float = 30.0,
+        timeout_s: float = 10.0, progress: bool = True) -> dict:
+    """Load the server at `url` (loopback only) with `texts`, cycled in order, for about `duration_s`.
+
+    Requests in flight at the deadline finish (or time out); none start after it. A burst profile always runs
+    at least one burst. Returns the figures as a JSON-serializable dict (see `render`)."""
+    check_loopback(url)
+    if isinstance(profile, str):
+        if profile not in PROFILES:
+            raise EdgekitError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+        profile = PROFILES[profile]
+    if not texts:
+        raise EdgekitError("loadtest needs at least one utterance to send")
+    if duration_s <= 0 or timeout_s <= 0 or profile.concurrency < 1:
+        raise EdgekitError("duration, timeout and concurrency must be positive")
+    parts = urlsplit(url)
+    host, port, base = parts.hostname, parts.port or 80, parts.path.rstrip("/")
+
+    def client():
+        return _Client(host, port, timeout_s)
+
+    try:
+        status, _ = client().get(base + "/healthz")
+    except (OSError, http.client.HTTPException) as e:
+        raise EdgekitError(f"{url} is not answering ({type(e).__name__}: {e}); is `edgekit serve` running?") from None
+    if status != 200:
+        raise EdgekitError(f"{url}/healthz answered HTTP {status}; the server is not ready")
+
+    def scrape():
+        try:
+            status, body = client().get(base + "/metrics")
+        except (OSError, http.client.HTTPException):
+            return None
+        return parse_metrics(body.decode("utf-8", "replace")) if status == 200 else None
+
+    before = scrape()
+    counter, lock = itertools.count(), threading.Lock()
+    records: list[tuple[str, float, str | None]] = []  # list.append is atomic: workers share it without a lock
+    stop, finished = threading.Event(), threading.Event()  # stop: interrupted; finished: burst rounds are over
+
+    def next_text():
+        with lock:
+            return texts[next(counter) % len(texts)]
+
+    def steady_worker():
+        c = client()
+        while not stop.is_set() and time.monotonic() < deadline:
+            records.append(c.post(base + "/predict", next_text()))
+
+    barrier = threading.Barrier(profile.concurrency + 1)  # the workers and the coordinator
+
+    def burst_worker():
+        c = client()
+        c.connect()  # connect before the release, so the burst is requests and not 200 handshakes
+        while True:
+            barrier.wait()
+            if finished.is_set():
+                return
+            records.append(c.post(base + "/predict", next_text()))
+            barrier.wait()
+
+    def coordinator():
+        while True:
+            barrier.wait()  # release: every worker sends now
+            barrier.wait()  # every request of this burst is done
+            stop.wait(max(0.0, min(profile.idle_s, deadline - time.monotonic())))  # idle; an interrupt wakes it
+            if stop.is_set() or time.monotonic() >= deadline:
+                break
+        finished.set()
+        barrier.wait()  # one last release, to let the workers see `finished` and exit
+
+    target = burst_worker if profile.burst else steady_worker
+    threads = [threading.Thread(target=target, daemon=True) for _ in range(profile.concurrency)]
+    if profile.burst:
+        threads.append(threading.Thread(target=coordinator, daemon=True))
+    start = time.monotonic()
+    deadline = start + duration_s
+    for t in threads:
+        t.start()
+    try:
+        _wait(threads, start, duration_s, records, profile.name if progress else None)
+    except KeyboardInterrupt:
+        stop.set()
+        raise
+    measured = time.monotonic() - start
+    after = scrape()
+
+    counts = {kind: sum(1 for r in records if r[0] == kind) for kind in ("ok", "error", "timeout")}
+    latencies = sorted(ms for kind, ms, _ in records if kind == "ok")
+    n = len(records)
+    first_error = next((err for kind, _, err in records if kind == "error"), None)
+    if first_error is None and counts["timeout"]:
+        first_error = f"timed out after {timeout_s:g} s"
+    return {
+        "url": url, "profile": profile.name, "concurrency": profile.concurrency,
+        "duration_s": round(measured, 3), "requests": n,
+        "ok": counts["ok"], "errors": counts["error"], "timeouts": counts["timeout"],
+        "error_rate": round(counts["error"] / n, 4) if n else 0.0,
+        "timeout_rate": round(counts["timeout"] / n, 4) if n else 0.0,
+        "throughput_rps": round(counts["ok"] / measured, 2),
+        "latency_ms": {"p50": _percentile(latencies, 0.5), "p90": _percentile(latencies, 0.9),
+                       "p99": _percentile(latencies, 0.99),
+                       "mean": round(sum(latencies) / len(latencies), 3) if latencies else None},
+        "server": server_summary(before, after),
+        "first_error": first_error,
+    }
+
+
+def _wait(threads, start: float, duration_s: float, records: list, label: str | None) -> None:
+    """Join the workers, drawing a progress bar over the duration (on stderr) when `label` is given."""
+    if label is None:
+        for t in threads:
+            t.join()
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("loadtest {task.description}"), BarColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[n]} requests"), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=duration_s, n=0)
+        for t in threads:
+            while t.is_alive():
+                t.join(0.1)
+                bar.update(task, completed=min(time.monotonic() - start, duration_s), n=len(records))
+
+
+def render(result: dict) -> Table:
+    """One rich table of a `run` result, a figure per row with its unit in the row header (fits 80 columns)."""
+    def num(x, fmt="{:.2f}"):
+        return "-" if x is None else fmt.format(x)
+
+    lat, srv = result["latency_ms"], result["server"]
+    hist = srv["batch_histogram"]
+    rows = [
+        ("requests", str(result["requests"])),
+        ("ok", str(result["ok"])),
+        ("errors", f"{result['errors']} ({100 * result['error_rate']:.1f}%)"),
+        ("timeouts", f"{result['timeouts']} ({100 * result['timeout_rate']:.1f}%)"),
+        ("throughput (ok req/s)", num(result["throughput_rps"], "{:.1f}")),
+        *((f"latency {k} (ms)", num(lat[k])) for k in ("p50", "p90", "p99", "mean")),
+        ("mean batch size (requests)", num(srv["mean_batch_size"])),
+        ("batches by size (size:count)", (" ".join(f"{k}:{v}" for k, v in hist.items() if v) or "none")
+         if hist else "-"),
+        ("mean queue time (ms)", num(srv["mean_queue_ms"])),
+        ("provider", srv["provider"] or "-"),
+    ]
+    if result["first_error"]:
+        rows.append(("first error", result["first_error"]))
+    table = Table(title=f"loadtest {result['url']} ({result['profile']}, concurrency {result['concurrency']}, "
+                        f"{result['duration_s']:.1f} s)")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def save(result: dict, path) -> None:
+    """Write `result` as JSON, atomically (a temp file beside `path`, then renamed over it)."""
+    write_json(path, result)

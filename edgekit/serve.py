@@ -1,0 +1,336 @@
+"""`edgekit serve OUT`: a package behind HTTP on Ray Serve, with dynamic batching.
+
+One deployment: each replica takes HTTP straight from Serve's proxy, validates the request (a bad one gets a 4xx
+and never reaches the model), and answers through `edgekit.runtime` in batches that `@serve.batch` gathers from
+concurrent requests (size and wait window from the package's `serve` table, which the profile wrote);
+`/predict_batch` is fanned out as single items, so they batch with everyone else's. A second deployment in front
+(an ingress) cost half the throughput on a 2-core machine: every hop is a Ray call. The package travels to the
+replicas as bytes through Ray, so the same command serves on a multi-node cluster (`--address`); each replica
+checks every file's sha256 before loading.
+
+Ray is imported lazily: `pip install 'edgekit[serve]'`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+log = logging.getLogger("edgekit")
+QUANTILES = (0.5, 0.9, 0.99)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass
+class ServeSettings:
+    """How `edgekit serve` runs a package: the profile's [serve] table, copied into the manifest."""
+
+    providers: list[str] = field(default_factory=lambda: ["cpu"])  # tried in order (edgekit.runtime.providers)
+    max_batch: int = 32  # @serve.batch max_batch_size, and the most texts one /predict_batch call may send
+    batch_wait_ms: float = 5.0  # how long a batch waits to fill
+    max_ongoing_requests: int = 256  # per replica: well above max_batch, or batches stay small (Ray's default 5)
+    replicas: int = 1  # fixed replica count when autoscale is false
+    autoscale: bool = False
+    min_replicas: int = 1
+    max_replicas: int = 4
+    target_ongoing_requests: int = 64  # autoscaling: requests in flight per replica it aims for
+    num_gpus: float = 0.0  # per replica (a fraction shares a card); ORT's gpu_mem_limit follows it
+    gpu_memory_gb: float = 24.0  # the card's memory: gpu_mem_limit = num_gpus * gpu_memory_gb
+    threads: int = 1  # ONNX Runtime intra-op threads per replica (and the CPUs Ray reserves for it)
+    max_text_chars: int = 2000  # longer texts are refused (413)
+    timeout_s: float = 10.0  # a request that waits longer is answered 503
+
+    def __post_init__(self):
+        from edgekit.runtime.providers import PROVIDERS
+
+        bad = [p for p in self.providers if p not in PROVIDERS]
+        if bad or not self.providers:
+            raise ValueError(f"providers must be some of {', '.join(PROVIDERS)}, got {self.providers}")
+        for name in ("max_batch", "max_ongoing_requests", "replicas", "min_replicas", "max_replicas",
+                     "target_ongoing_requests", "threads", "max_text_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_ongoing_requests < self.max_batch:
+            raise ValueError(f"max_ongoing_requests must be >= max_batch ({self.max_batch}), got "
+                             f"{self.max_ongoing_requests}: fewer would cap every batch")
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas must be >= min_replicas ({self.min_replicas}), got {self.max_replicas}")
+        for name in ("batch_wait_ms", "num_gpus", "gpu_memory_gb", "timeout_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def check_item(body: object, intents: list[str], limit: int, field_name: str = "text", decoding: bool = True) -> dict:
+    """A /predict body (or one /predict_batch text, its `text` set) -> the item a replica answers; BadRequest
+    names the field (`field_name`). decoding: the package's graph takes an intent mask."""
+    if not isinstance(body, dict):
+        raise BadRequest(400, "the body must be a JSON object")
+    text = body.get("text")
+    if not isinstance(text, str):
+        raise BadRequest(422, f"{field_name}: required, a string")
+    if len(text) > limit:
+        raise BadRequest(413, f"{field_name}: {len(text)} characters, the limit is {limit}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # JSON may carry a lone surrogate ("\ud800"), which is no text
+        raise BadRequest(422, f"{field_name}: not valid Unicode (a lone surrogate)") from None
+    allow = body.get("allow_intents")
+    if allow is not None and not decoding:
+        raise BadRequest(422, "allow_intents: this package's graph has no intent mask (built without decoding)")
+    if allow is not None:
+        if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
+            raise BadRequest(422, "allow_intents: a list of intent names")
+        if not allow:
+            raise BadRequest(422, "allow_intents: empty (no intent could answer)")
+        unknown = [a for a in allow if a not in intents]
+        if unknown:
+            raise BadRequest(422, f"allow_intents: unknown intent {unknown[0]!r}; known: {', '.join(intents)}")
+    reject = body.get("reject", True)
+    if not isinstance(reject, bool):
+        raise BadRequest(422, "reject: true or false")
+    return {"text": text, "allow_intents": allow, "reject": reject}
+
+
+class Metrics:
+    """Prometheus counters of one replica (label `replica`): requests and errors by endpoint, batch sizes, queue
+    time, latency quantiles over its last 10,000 requests, and the execution provider. Behind Serve's proxy a
+    scrape of /metrics reaches one replica; with several, scrape until each replica label has been seen."""
+
+    def __init__(self, provider: str):
+        self.provider = provider
+        self.requests: dict[str, int] = {}
+        self.errors: dict[str, int] = {}
+        self.batches = [0] * (len(BATCH_BUCKETS) + 1)
+        self.batch_sum = self.batch_count = 0
+        self.queue_sum, self.queue_count = 0.0, 0
+        self.latency: deque[float] = deque(maxlen=10_000)  # for the quantiles
+        self.latency_sum, self.latency_count = 0.0, 0  # cumulative, as Prometheus counts
+
+    def answered(self, seconds: float) -> None:
+        self.latency.append(seconds)
+        self.latency_sum, self.latency_count = self.latency_sum + seconds, self.latency_count + 1
+
+    def batch(self, n: int, queued_s: list[float]) -> None:
+        self.batches[next((k for k, b in enumerate(BATCH_BUCKETS) if n <= b), len(BATCH_BUCKETS))] += 1
+        self.batch_sum, self.batch_count = self.batch_sum + n, self.batch_count + 1
+        self.queue_sum, self.queue_count = self.queue_sum + sum(queued_s), self.queue_count + len(queued_s)
+
+    def text(self, replica: str) -> str:
+        import numpy as np
+
+        r = f'replica="{replica}"'
+        out = ["# HELP edgekit_requests_total Requests by endpoint.", "# TYPE edgekit_requests_total counter"]
+        out += [f'edgekit_requests_total{{{r},endpoint="{k}"}} {v}' for k, v in sorted(self.requests.items())]
+        out += ["# HELP edgekit_errors_total Requests answered 4xx or 5xx, by endpoint.",
+                "# TYPE edgekit_errors_total counter"]
+        out += [f'edgekit_errors_total{{{r},endpoint="{k}"}} {self.errors.get(k, 0)}' for k in sorted(self.requests)]
+        out += ["# HELP edgekit_batch_size Utterances per model call.", "# TYPE edgekit_batch_size histogram"]
+        cum = 0
+        for b, n in zip([*map(str, BATCH_BUCKETS), "+Inf"], self.batches):
+            cum += n
+            out.append(f'edgekit_batch_size_bucket{{{r},le="{b}"}} {cum}')
+        out += [f"edgekit_batch_size_sum{{{r}}} {self.batch_sum}", f"edgekit_batch_size_count{{{r}}} {self.batch_count}",
+                "# HELP edgekit_queue_seconds Time a request waited on its replica for its batch to start.",
+                "# TYPE edgekit_queue_seconds summary",
+                f"edgekit_queue_seconds_sum{{{r}}} {self.queue_sum:.6f}",
+                f"edgekit_queue_seconds_count{{{r}}} {self.queue_count}",
+                "# HELP edgekit_latency_seconds Request latency in the replica, last 10000 requests.",
+                "# TYPE edgekit_latency_seconds summary"]
+        if self.latency:
+            qs = np.quantile(np.asarray(self.latency), QUANTILES)
+            out += [f'edgekit_latency_seconds{{{r},quantile="{q}"}} {v:.6f}' for q, v in zip(QUANTILES, qs)]
+        out += [f"edgekit_latency_seconds_sum{{{r}}} {self.latency_sum:.6f}",
+                f"edgekit_latency_seconds_count{{{r}}} {self.latency_count}",
+                "# HELP edgekit_provider_info The ONNX Runtime execution provider this replica runs on.",
+                "# TYPE edgekit_provider_info gauge", f'edgekit_provider_info{{{r},provider="{self.provider}"}} 1']
+        return "\n".join(out) + "\n"
+
+
+def package_files(package: Path) -> dict[str, bytes]:
+    """The package's files (the manifest and every file it lists), to ship to replicas on any node."""
+    from edgekit.runtime.package import MANIFEST, Package
+
+    pkg = Package.load(package)
+    return {name: (package / name).read_bytes() for name in [MANIFEST, *pkg.manifest["files"]]}
+
+
+def settings_of(manifest: dict, **over) -> ServeSettings:
+    """The package's serve table (defaults for a phone package), with the command line's overrides."""
+    values = {k: v for k, v in (manifest.get("serve") or {}).items() if k in ServeSettings.__dataclass_fields__}
+    values.update({k: v for k, v in over.items() if v is not None})
+    if over.get("max_batch") and values.get("max_ongoing_requests", 0) < over["max_batch"]:
+        values["max_ongoing_requests"] = 8 * over["max_batch"]
+    return ServeSettings(**values)
+
+
+def application(package: Path, settings: ServeSettings):
+    """The Ray Serve application for `package`: one deployment whose replicas take HTTP from Serve's proxy."""
+    from ray import serve
+    from starlette.responses import JSONResponse, PlainTextResponse
+
+    files = package_files(package)
+    manifest = json.loads(files["manifest.json"])
+    labels = json.loads(files[manifest["labels"]])
+    runtime = "onnx" if "onnx" in manifest["models"] else manifest["primary_runtime"]
+    decoding = bool(manifest.get("decoding"))
+    s = settings
+    # On shutdown, in-flight requests get a few seconds to finish (Ray's default is 20 s, then it kills them).
+    grace = {"graceful_shutdown_timeout_s": 5.0, "graceful_shutdown_wait_loop_s": 0.5}
+
+    @serve.deployment(name="edgekit", max_ongoing_requests=s.max_ongoing_requests, **grace)
+    class Replica:
+        def __init__(self, files: dict[str, bytes]):
+            import tempfile
+            import uuid
+
+            from edgekit.runtime import Predictor
+
+            root = Path(tempfile.mkdtemp(prefix="edgekit-pkg-"))
+            for name, data in files.items():
+                (root / name).write_bytes(data)
+            self.pred = Predictor.open(root, runtime, threads=s.threads, providers=s.providers)  # checks sha256
+            self.id, self.metrics = uuid.uuid4().hex[:8], Metrics(self.pred.provider)
+            self.predict_many.set_max_batch_size(s.max_batch)
+            self.predict_many.set_batch_wait_timeout_s(s.batch_wait_ms / 1000)
+
+        @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+        async def predict_many(self, items: list[dict]) -> list[dict]:
+            start = time.perf_counter()
+            self.metrics.batch(len(items), [start - i["t"] for i in items])
+            try:
+                return await asyncio.to_thread(self.pred.predict_batch, [i["text"] for i in items],
+                                               [i["allow_intents"] for i in items], [i["reject"] for i in items])
+            except Exception:  # one bad item must not fail its batch-mates: answer them one by one
+                return [await asyncio.to_thread(self._alone, i) for i in items]
+
+        def _alone(self, item: dict) -> dict:
+            try:
+                return self.pred.predict(item["text"], False, item["allow_intents"], item["reject"])
+            except Exception as e:
+                return {"__error__": f"{type(e).__name__}: {e}"}
+
+        async def _one(self, item: dict) -> dict:
+            try:
+                out = await asyncio.wait_for(self.predict_many(item | {"t": time.perf_counter()}), s.timeout_s)
+            except asyncio.TimeoutError:
+                raise BadRequest(503, f"no answer within {s.timeout_s} s (server overloaded)") from None
+            if "__error__" in out:
+                raise BadRequest(500, f"internal error: {out['__error__']}")
+            return out
+
+        async def _route(self, request, path: str):
+            if path == "/healthz":
+                return JSONResponse({"status": "ok", "provider": self.pred.provider, "batched": self.pred.batched,
+                                     "replica": self.id})
+            if path == "/metrics":
+                return PlainTextResponse(self.metrics.text(self.id), media_type="text/plain; version=0.0.4")
+            if request.method != "POST":
+                raise BadRequest(405, f"{path} takes POST")
+            raw = await request.body()
+            if len(raw) > (s.max_text_chars * 4 + 1024) * s.max_batch:
+                raise BadRequest(413, f"body of {len(raw)} bytes is over the limit")
+            try:
+                body = json.loads(raw)
+            except (ValueError, UnicodeDecodeError, RecursionError) as e:
+                raise BadRequest(400, f"malformed JSON: {type(e).__name__}: {e}"[:300]) from None
+            if path == "/predict":
+                return JSONResponse(await self._one(check_item(body, labels["intents"], s.max_text_chars,
+                                                                   decoding=decoding)))
+            texts = body.get("texts") if isinstance(body, dict) else None
+            if not isinstance(texts, list) or not texts:
+                raise BadRequest(422, "texts: required, a non-empty list of strings")
+            if len(texts) > s.max_batch:
+                raise BadRequest(413, f"texts: {len(texts)} texts, at most {s.max_batch} per call")
+            items = [check_item({**body, "text": t}, labels["intents"], s.max_text_chars, "texts[]", decoding)
+                     for t in texts]
+            return JSONResponse({"results": await asyncio.gather(*(self._one(i) for i in items))})
+
+        async def __call__(self, request):
+            t0, path = time.perf_counter(), request.url.path.rstrip("/") or "/"
+            known = path in ("/predict", "/predict_batch", "/healthz", "/metrics")
+            key = path if known else "other"
+            self.metrics.requests[key] = self.metrics.requests.get(key, 0) + 1
+            try:
+                if not known:
+                    raise BadRequest(404, f"no endpoint {path}; endpoints: /predict, /predict_batch, /healthz, "
+                                          "/metrics")
+                response = await self._route(request, path)
+            except BadRequest as e:
+                response = JSONResponse({"error": str(e)}, status_code=e.status)
+            except Exception as e:  # a failure answers this request only; the replica goes on
+                log.exception("request failed")
+                response = JSONResponse({"error": f"internal error: {type(e).__name__}: {e}"}, status_code=500)
+            if response.status_code >= 400:
+                self.metrics.errors[key] = self.metrics.errors.get(key, 0) + 1
+            elif path in ("/predict", "/predict_batch"):
+                self.metrics.answered(time.perf_counter() - t0)
+            return response
+
+    scaling = ({"autoscaling_config": {"min_replicas": s.min_replicas, "max_replicas": s.max_replicas,
+                                       "target_ongoing_requests": s.target_ongoing_requests}}
+               if s.autoscale else {"num_replicas": s.replicas})
+    return Replica.options(**scaling, ray_actor_options={"num_cpus": s.threads, "num_gpus": s.num_gpus}).bind(files)
+
+
+def ray_temp_dir() -> Path:
+    """Ray's session folder: short (its socket paths must stay under 107 bytes) and in the user's cache."""
+    path = Path.home() / ".cache" / "edgekit" / "ray"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
+          address: str | None = None, after_init=None) -> None:
+    """Start Ray (or join the cluster at `address`) and Serve, and deploy the package. Returns when it answers.
+    after_init: called once Ray is up (ray.init replaces the process's SIGTERM handler; the caller's goes back)."""
+    import os
+
+    import ray
+    from ray import serve
+
+    # The HTTP proxy drains for 30 s by default before it stops; the processes a local Ray starts inherit this.
+    os.environ.setdefault("RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S", "1")
+    kwargs = {} if address else {"_temp_dir": str(ray_temp_dir()), "include_dashboard": False}
+    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, **kwargs)
+    if after_init:
+        after_init()
+    if settings.num_gpus and not ray.cluster_resources().get("GPU"):
+        # Ray would wait forever for a GPU to place the replicas on
+        log.warning("this Ray cluster has no GPU: replicas run without one (num_gpus 0)")
+        settings = replace(settings, num_gpus=0.0)
+    serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
+    serve.run(application(package, settings), name="edgekit", route_prefix="/", blocking=False)
+
+
+def stop(address: str | None = None) -> None:
+    """Tear down what `start` made: on a cluster we joined, our application only (others may serve there too);
+    a local Ray with Serve and every process it started."""
+    import ray
+    from ray import serve
+
+    try:
+        if address:
+            serve.delete("edgekit")
+        else:
+            serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+def describe(settings: ServeSettings) -> str:
+    d = asdict(settings)
+    scale = (f"{d['min_replicas']}-{d['max_replicas']} replicas (autoscaling)" if d["autoscale"]
+             else f"{d['replicas']} replica{'s' * (d['replicas'] > 1)}")
+    return (f"{scale}, max batch {d['max_batch']}, wait {d['batch_wait_ms']} ms, providers "
+            f"{'/'.join(d['providers'])}, {d['threads']} thread(s) per replica")

@@ -1,0 +1,73 @@
+"""ONNX Runtime execution providers by short name, with the options a server profile sets, chosen in order.
+
+A profile lists names (`providers = ["cuda", "cpu"]`); the first whose provider this onnxruntime build has runs
+the model. `onnxruntime-gpu` (the `gpu` extra) has CUDA and TensorRT; the plain `onnxruntime` wheel has CPU
+only, and then one warning says so. TensorRT cannot parse the fused `com.microsoft` ops of the optimized graph,
+so it gets the package's unfused graph (manifest `models.onnx_unfused`) when the package has one.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+log = logging.getLogger("edgekit.runtime")
+
+PROVIDERS = {"tensorrt": "TensorrtExecutionProvider", "cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
+_WARNED: set[tuple] = set()
+
+
+def provider_options(name: str, serve: dict | None = None, max_len: int = 64, n_intents: int = 2,
+                     cache_dir: Path | None = None) -> dict:
+    """Options for one provider. serve: the manifest's `serve` table (num_gpus, gpu_memory_gb, max_batch)."""
+    serve = serve or {}
+    gb = (serve.get("num_gpus") or 1.0) * serve.get("gpu_memory_gb", 24.0)  # a replica's share of the card
+    if name == "cuda":
+        return {"gpu_mem_limit": int(gb * (1 << 30)), "arena_extend_strategy": "kSameAsRequested",
+                "cudnn_conv_algo_search": "HEURISTIC"}
+    if name == "tensorrt":
+        b, t = serve.get("max_batch", 32), max_len
+        # one optimization profile over the batch axis of every input; the sequence length is the package's
+        dims = {"input_ids": f"x{t}", "attention_mask": f"x{t}", "word_pos": f"x{t - 2}",
+                "intent_mask": f"x{n_intents}", "reject": ""}
+        shapes = lambda n: ",".join(f"{k}:{n}{d}" for k, d in dims.items())  # noqa: E731
+        return {"trt_fp16_enable": True, "trt_max_workspace_size": int(min(gb, 4.0) * (1 << 30)),
+                "trt_engine_cache_enable": True,
+                "trt_engine_cache_path": str(cache_dir or Path.home() / ".cache" / "edgekit" / "trt"),
+                "trt_profile_min_shapes": shapes(1), "trt_profile_opt_shapes": shapes(max(1, b // 2)),
+                "trt_profile_max_shapes": shapes(b)}
+    return {}
+
+
+def choose(names: list[str], serve: dict | None = None, max_len: int = 64, n_intents: int = 2) -> list[tuple[str, dict]]:
+    """(ORT provider, options) for the listed names this onnxruntime has, in order, CPU always last. Warns once
+    when a listed GPU provider is missing."""
+    import onnxruntime as ort
+
+    have = set(ort.get_available_providers())
+    if have & {PROVIDERS["cuda"], PROVIDERS["tensorrt"]} and hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()  # CUDA and cuDNN from their pip wheels when the system has none
+    chosen = [(PROVIDERS[n], provider_options(n, serve, max_len, n_intents)) for n in names if PROVIDERS[n] in have]
+    missing = [n for n in names if PROVIDERS[n] not in have]
+    key = tuple(missing)
+    if missing and missing != ["cpu"] and key not in _WARNED:
+        _WARNED.add(key)
+        log.warning("ONNX Runtime here has no %s provider (install the `gpu` extra on a machine with CUDA); "
+                    "running on %s", "/".join(missing), chosen[0][0] if chosen else "CPUExecutionProvider")
+    if not any(p == PROVIDERS["cpu"] for p, _ in chosen):
+        chosen.append((PROVIDERS["cpu"], {}))
+    return chosen
+
+
+def check_ran(wanted: str, ran: str) -> None:
+    """Warn once when the session runs on another provider than the first one chosen (ONNX Runtime falls back
+    quietly when, e.g., the CUDA libraries fail to load)."""
+    if wanted != ran and (wanted, ran) not in _WARNED:
+        _WARNED.add((wanted, ran))
+        log.warning("ONNX Runtime could not start %s (check the CUDA/cuDNN/TensorRT libraries); running on %s",
+                    wanted, ran)
+
+
+def short_name(provider: str) -> str:
+    """'CUDAExecutionProvider' -> 'cuda'."""
+    return next((k for k, v in PROVIDERS.items() if v == provider), provider)

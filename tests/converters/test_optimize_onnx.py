@@ -1,0 +1,120 @@
+"""Server profiles on a tiny random model: a batched graph, the transformer optimizer's fusions, FP16 and INT8,
+the provider that ran, and batched answers equal to one-by-one ones."""
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from edgekit.build import BuildConfig, build
+from edgekit.runtime import Package, Predictor
+
+from ..conftest import DEMO
+
+STAGES = ["teacher", "export", "fuse", "package"]
+SETTINGS = {"teacher": {"epochs": 4, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2}, "package": {"bench_utterances": 20}}
+
+
+def fuse_record(out):
+    rep = json.loads((out / "report.json").read_text())
+    return rep, next(p for p in rep["passes"] if p["name"] == "fuse")
+
+
+@pytest.fixture(scope="module")
+def server_cpu(tmp_path_factory, tiny_bert):
+    out = tmp_path_factory.mktemp("server_cpu")
+    build(BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), target="server-cpu", stages=STAGES,
+                      settings=SETTINGS))
+    return out
+
+
+def test_server_graph_is_batched_and_fully_fused(server_cpu):
+    rep, fuse = fuse_record(server_cpu)
+    for graph in ("onnx", "onnx_raw"):
+        fused = fuse["extra"][graph]["fused"]
+        for op in ("Attention", "SkipLayerNormalization", "EmbedLayerNormalization", "BiasGelu"):
+            assert fused.get(op), (graph, op, fused)
+        assert fuse["extra"][graph]["fully_optimized"]
+    # static INT8 after the optimizer: activations and weights of the MatMuls (QDQ pairs), the decoding graph FP32
+    int8 = fuse["extra"]["onnx"]["int8"]
+    assert int8["mode"] == "static" and int8["quantized_ops"].get("QuantizeLinear")
+    export = next(p for p in rep["passes"] if p["name"] == "export")["extra"]["onnx"]["extra"]
+    assert export["batch"] and export["batch_parity"]["agree"] == 1.0  # FP32: batched answers are exactly the same
+    assert fuse["extra"]["onnx"]["batch_parity"]["agree"] == 1.0
+
+    man = json.loads((server_cpu / "manifest.json").read_text())
+    assert man["inputs"][0]["shape"][0] == "batch" and man["inputs"][3]["shape"][0] == "batch"
+    assert man["serve"]["max_batch"] == 32 and man["serve"]["providers"] == ["cpu"]
+    assert rep["package"]["provider"] == "CPUExecutionProvider"
+    batches = rep["latency"]["onnx"]["batches"]
+    assert batches["provider"] == "CPUExecutionProvider" and all(batches[b]["per_second"] > 0 for b in ("1", "8"))
+
+
+def test_dynamic_int8_quantizes_the_fused_attention(tmp_path, tiny_bert, server_cpu):
+    out = tmp_path / "dyn"
+    build(BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), target="server-cpu", stages=STAGES,
+                      settings=SETTINGS, sets=['server.int8="dynamic"']))
+    int8 = fuse_record(out)[1]["extra"]["onnx"]["int8"]
+    assert int8["mode"] == "dynamic" and int8["quantized_ops"].get("QAttention") == 2
+
+def test_batched_answers_equal_one_by_one_with_per_utterance_options(server_cpu):
+    pred = Predictor.open(Package.load(server_cpu), "onnx")
+    assert pred.batched
+    texts = [json.loads(line)["text"] for line in DEMO.read_text().splitlines()[:24]]
+    intents = pred.labels["intents"]
+    allow = [None if k % 3 else intents[k % len(intents): k % len(intents) + 2] for k in range(len(texts))]
+    reject = [k % 2 == 0 for k in range(len(texts))]
+    one = [pred.predict(t, allow_intents=a, reject=r) for t, a, r in zip(texts, allow, reject)]
+    many = pred.predict_batch(texts, allow, reject)
+    for a, b in zip(one, many):  # static INT8: fixed scales, so an answer does not depend on its batch
+        assert a["intent"] == b["intent"] and a["slots"] == b["slots"]
+        assert abs(a["confidence"] - b["confidence"]) < 1e-4
+    assert all(m["intent"] in a for m, a in zip(many, allow) if a is not None)
+
+
+def test_server_gpu_falls_back_to_cpu_with_one_warning_and_fp16_agrees(tmp_path, tiny_bert, server_cpu, caplog):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has CUDA: the fallback cannot be seen")
+    out = tmp_path / "gpu"
+    with caplog.at_level(logging.WARNING, logger="edgekit.runtime"):
+        build(BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), target="server-gpu",
+                          stages=STAGES, settings=SETTINGS))
+        pred = Predictor.open(out, "onnx")
+        pred.predict("wake me up at seven")
+    rep, fuse = fuse_record(out)
+    assert fuse["extra"]["onnx"]["precision"] == "fp16"
+    assert fuse["extra"]["onnx"]["agreement"] >= 0.995 and fuse["extra"]["onnx"]["checked"] > 0
+    assert rep["package"]["provider"] == "CPUExecutionProvider" and pred.provider == "CPUExecutionProvider"
+    warned = [r for r in caplog.records if "no cuda provider" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+    assert (out / "model.onnx").stat().st_size < 0.7 * fuse["bytes_before"]  # FP16 weights: about half the bytes
+    x = pred.inputs(pred.tokenizer.encode("play queen", pred.max_len))
+    assert [o.dtype for o in pred.backend.run(*x)][:2] == [np.int64, np.float32]  # keep_io_types
+
+
+def test_batch_needs_onnx_only(tmp_path, tiny_bert):
+    from edgekit.build.config import resolve
+    from edgekit.errors import EdgekitError
+
+    with pytest.raises(EdgekitError, match="server.batch needs runtimes"):
+        resolve(BuildConfig(data=str(DEMO), out=str(tmp_path), target="android", sets=["server.batch=true"]))
+    with pytest.raises(EdgekitError, match="server.precision: needs optimize"):
+        resolve(BuildConfig(data=str(DEMO), out=str(tmp_path), target="android", sets=["server.precision=fp16"]))
+    with pytest.raises(EdgekitError, match="serve.max_ongoing_requests: must be >= max_batch"):
+        resolve(BuildConfig(data=str(DEMO), out=str(tmp_path), target="server-cpu",
+                            sets=["serve.max_batch=64", "serve.max_ongoing_requests=5"]))
+
+
+def test_cli_predicts_with_the_package_runtime_and_refuses_a_missing_one(server_cpu):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "edgekit.cli", "predict", str(server_cpu), "wake me up at seven"]
+    ok = subprocess.run(cmd, capture_output=True, text=True)
+    assert ok.returncode == 0 and "intent" in json.loads(ok.stdout)  # the package's primary runtime: onnx
+    bad = subprocess.run(cmd + ["--runtime", "executorch"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines()[-1].startswith("error:") and "no model for runtime" in bad.stderr

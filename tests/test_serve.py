@@ -1,0 +1,203 @@
+"""`edgekit serve` for real: Ray Serve on loopback, driven over HTTP. Marked `serve` (skip locally with
+`-m "not serve"`); CI runs them."""
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from edgekit.build import BuildConfig, build
+from edgekit.runtime import Predictor
+
+from .conftest import DEMO
+
+pytestmark = pytest.mark.serve
+ray = pytest.importorskip("ray")
+SETTINGS = {"teacher": {"epochs": 4, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2}, "package": {"bench_utterances": 20},
+            "serve": {"threads": 1, "max_batch": 16, "max_text_chars": 200, "batch_wait_ms": 25.0}}
+TEXTS = [json.loads(line)["text"] for line in DEMO.read_text().splitlines()]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(port, method, path, body=None, raw=None, timeout=30):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    text = r.read().decode()
+    conn.close()
+    return r.status, text
+
+
+class Server:
+    """`edgekit serve` in its own process group, as a user starts it."""
+
+    def __init__(self, package, *args):
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, "-m", "edgekit.cli", "serve", str(package), "--port",
+                                      str(self.port), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited: {self.proc.stdout.read()[-3000:]}")
+            try:
+                if call(self.port, "GET", "/healthz", timeout=5)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise AssertionError("serve did not answer /healthz within 240 s")
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self, timeout=120) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+
+def descendants(pid: int) -> list:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory, tiny_bert):
+    out = tmp_path_factory.mktemp("served")
+    build(BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), target="server-cpu",
+                      stages=["teacher", "export", "fuse", "package"], settings=SETTINGS))
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(package):
+    s = Server(package)
+    yield s
+    if s.proc.poll() is None:
+        s.stop()
+
+
+def test_predict_answers_as_the_runtime_does(server, package):
+    pred = Predictor.open(package, "onnx")
+    intents = pred.labels["intents"]
+    for k, text in enumerate(TEXTS[:12]):
+        body = {"text": text} if k % 3 else {"text": text, "allow_intents": intents[:2], "reject": False}
+        status, out = call(server.port, "POST", "/predict", body)
+        assert status == 200, out
+        want = pred.predict(text, allow_intents=body.get("allow_intents"), reject=body.get("reject", True))
+        got = json.loads(out)
+        assert got["intent"] == want["intent"] and got["slots"] == want["slots"]
+        assert abs(got["confidence"] - want["confidence"]) < 1e-4
+    status, out = call(server.port, "POST", "/predict_batch", {"texts": TEXTS[:10]})
+    assert status == 200, out
+    assert [r["intent"] for r in json.loads(out)["results"]] == [pred.predict(t)["intent"] for t in TEXTS[:10]]
+
+
+@pytest.mark.parametrize("method,path,raw,status,words", [
+    ("POST", "/predict", "{not json", 400, "malformed JSON"),
+    ("POST", "/predict", "[1, 2]", 400, "JSON object"),
+    ("POST", "/predict", "[" * 20_000, 400, "malformed JSON"),
+    ("POST", "/predict", '{"text": "\\ud800 play"}', 422, "lone surrogate"),
+    ("POST", "/predict", "{}", 422, "text"),
+    ("POST", "/predict", '{"text": 42}', 422, "text"),
+    ("POST", "/predict", json.dumps({"text": "a" * 201}), 413, "limit is 200"),
+    ("POST", "/predict", json.dumps({"text": "play", "allow_intents": ["no_such_intent"]}), 422, "unknown intent"),
+    ("POST", "/predict", json.dumps({"text": "play", "allow_intents": []}), 422, "empty"),
+    ("POST", "/predict", json.dumps({"text": "play", "reject": "yes"}), 422, "reject"),
+    ("POST", "/predict_batch", json.dumps({"texts": ["play"] * 17}), 413, "at most 16"),
+    ("POST", "/predict_batch", json.dumps({"texts": "play"}), 422, "texts"),
+    ("POST", "/predict_batch", json.dumps({"texts": ["ok", 3]}), 422, "texts[]"),
+    ("GET", "/predict", None, 405, "POST"),
+    ("GET", "/nowhere", None, 404, "no endpoint"),
+])
+def test_bad_requests_get_4xx_and_the_replica_keeps_answering(server, method, path, raw, status, words):
+    got, text = call(server.port, method, path, raw=raw)
+    assert got == status, text
+    assert words in json.loads(text)["error"]
+    ok, out = call(server.port, "POST", "/predict", {"text": "wake me up at seven"})
+    assert ok == 200 and "intent" in json.loads(out)
+
+
+def test_metrics_and_burst_load(server):
+    from edgekit import loadtest as lt
+
+    status, text = call(server.port, "GET", "/metrics")
+    assert status == 200
+    m = lt.parse_metrics(text)
+
+    def series(name, label):
+        return [v for k, v in m.items() if k.startswith(name + "{") and label in k]
+
+    assert series("edgekit_provider_info", 'provider="CPUExecutionProvider"') == [1]
+    assert series("edgekit_requests_total", 'endpoint="/predict"')[0] >= 1
+    assert series("edgekit_errors_total", 'endpoint="/predict"')[0] >= 1  # the bad requests above
+    res = lt.run(server.url, TEXTS, "burst", duration_s=6, timeout_s=60, progress=False)
+    assert res["requests"] >= 200 and res["errors"] == 0 and res["timeouts"] == 0, res
+    assert res["server"]["mean_batch_size"] > 4, res["server"]
+    assert res["server"]["provider"] == "CPUExecutionProvider"
+    after = lt.parse_metrics(call(server.port, "GET", "/metrics")[1])
+    assert any(k.startswith("edgekit_latency_seconds{") and 'quantile="0.99"' in k for k in after)
+    assert sum(v for k, v in after.items() if k.startswith("edgekit_queue_seconds_count")) > 200
+
+
+def test_sigterm_stops_every_process_it_started(package):
+    s = Server(package)
+    tree = descendants(s.proc.pid)
+    assert any("raylet" in " ".join(p.cmdline()) for p in tree)  # the local Ray it started
+    assert s.stop() == 0
+    deadline = time.time() + 60
+    while time.time() < deadline and any(p.is_running() and p.status() != "zombie" for p in tree):
+        time.sleep(1)
+    left = [p for p in tree if p.is_running() and p.status() != "zombie"]
+    assert not left, [" ".join(p.cmdline())[:120] for p in left]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    c.add_node(num_cpus=1)
+    c.wait_for_nodes()
+    yield c
+    c.shutdown()
+
+
+def test_two_replicas_on_a_two_node_cluster(cluster, package):
+    from ray import serve
+
+    s = Server(package, "--address", cluster.address, "--replicas", "2")
+    try:
+        ray.init(address=cluster.address, logging_level="ERROR")
+        try:  # the second replica may still be loading the package when the first answers /healthz
+            deadline = time.time() + 180
+            while True:
+                states = serve.status().applications["edgekit"].deployments["edgekit"].replica_states
+                if states.get("RUNNING") == 2 or time.time() > deadline:
+                    break
+                time.sleep(2)
+        finally:
+            ray.shutdown()
+        assert states.get("RUNNING") == 2, states  # one per node: each node has one CPU, each replica takes one
+        status, out = call(s.port, "POST", "/predict_batch", {"texts": TEXTS[:16]})
+        assert status == 200 and len(json.loads(out)["results"]) == 16
+    finally:
+        assert s.stop() == 0
