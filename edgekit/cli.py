@@ -88,6 +88,8 @@ def build(
     rep = run_build(cfg, on_stage=show)
     lat = ", ".join(f"{k} p50 {v['p50_ms']:.2f} ms" for k, v in rep["latency"].items())
     typer.echo(f"package: {out} ({rep['package']['size_bytes']:,} bytes for {rep['package']['runtime']}); {lat}")
+    if rep["package"].get("digest"):
+        typer.echo(f"digest: sha256:{rep['package']['digest']} (pin it: edgekit verify {out} --digest ...)")
     typer.echo(f"report: {out / 'report.md'}")
     if rep.get("over_budget"):
         for o in rep["over_budget"]:
@@ -314,6 +316,27 @@ def cache_prune(
     c = StageCache(default_dir(str(cache) if cache else None))
     n, freed = c.prune(None if all_ else older_than)
     typer.echo(f"removed {n} entries, {freed / 1e6:.1f} MB")
+
+
+@app.command()
+def verify(
+    package: Path = typer.Argument(..., help="Package folder written by `edgekit build`."),
+    digest: Optional[str] = typer.Option(None, help="The package digest you tested (sha256 of manifest.json, "
+                                         "as `edgekit build` prints it); any other package is refused."),
+):
+    """Check a package without loading a model: the manifest's schema, every file listed and inside the folder
+    with its sha256 and size, no stray files, and with --digest the manifest itself. One line per file; exit 2
+    on any failure."""
+    from edgekit.runtime.package import Package
+
+    pkg = Package.load(package, digest=digest)  # a failure is one `error:` line and exit 2 (main)
+    for name, meta in pkg.manifest["files"].items():
+        typer.echo(f"ok  {name}  sha256:{meta['sha256'][:16]}…  {meta['bytes']:,} bytes")
+    stray = pkg.strays()
+    if stray:
+        raise EdgekitError(f"{package}: stray file {stray[0]!r} is not listed in the manifest"
+                           + (f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""))
+    typer.echo(f"package ok: digest sha256:{pkg.digest}" + (" (matches --digest)" if digest else ""))
 
 
 @app.command()

@@ -10,7 +10,7 @@ import numpy as np
 
 from edgekit.runtime.backends import BACKENDS, open_backend
 from edgekit.runtime.decode import decode
-from edgekit.runtime.package import Package
+from edgekit.runtime.package import Package, PackageError
 from edgekit.runtime.tokenizer import Encoding, SentencePieceTokenizer, WordPieceTokenizer
 
 log = logging.getLogger("edgekit.runtime")
@@ -73,10 +73,13 @@ class Predictor:
 
     @classmethod
     def open(cls, package: str | Path | Package, runtime: str = "executorch", threads: int = 1,
-             providers: list[str] | None = None) -> "Predictor":
+             providers: list[str] | None = None, digest: str | None = None) -> "Predictor":
         """Load a package folder for one runtime (`executorch` or `onnx`). providers: ONNX Runtime execution
-        providers by short name, in order (default: the package's, else CPU); `provider` says which runs."""
-        pkg = package if isinstance(package, Package) else Package.load(package)
+        providers by short name, in order (default: the package's, else CPU); `provider` says which runs.
+        digest: the sha256 of the manifest the app was tested with; any other package is refused."""
+        pkg = package if isinstance(package, Package) else Package.load(package, digest=digest)
+        if digest is not None and pkg.digest != digest.removeprefix("sha256:").lower():
+            raise PackageError(f"{pkg.root}: package digest sha256:{pkg.digest} is not the pinned {digest}")
         if runtime not in BACKENDS:
             raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(BACKENDS)}")
         path, onnx = pkg.model_path(runtime), {}

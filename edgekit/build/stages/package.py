@@ -121,7 +121,7 @@ def run(ctx: Context) -> PackageResult:
     shared = sum(b for f, b in sizes.items() if f not in MODEL_FILES.values())
     per_runtime = {r: shared + sizes[MODEL_FILES[r]] for r in ctx.target.runtimes}
     info = {"size_bytes": per_runtime[ctx.target.primary_runtime], "runtime": ctx.target.primary_runtime,
-            "size_bytes_per_runtime": per_runtime, "files": sizes}
+            "size_bytes_per_runtime": per_runtime, "files": sizes, "digest": pkg.digest}
     latency = measure(ctx, buckets)
     rec = PassRecord("package", params_after=count_params(ctx.fp32().model), bytes_after=info["size_bytes"])
     # the package as shipped, opened as an app opens it
