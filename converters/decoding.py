@@ -166,7 +166,8 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
     halves = e.reshape(B, 2 * W, P).split(1, dim=1)  # word w: first half at 2w, I-x at 2w + 1; (B, 1, P) each
     p, alpha = halves[0], [halves[0], neg]  # no sentence starts inside a slot
     for w in range(1, W):
-        m = p.max() if one else _max(p)  # the best path so far, which any non-I tag follows
+        # the best path so far, which any non-I tag follows
+        m = p.max() if one else _max(p) if batched else p.amax(-1, keepdim=True)
         a1, a2 = m + halves[2 * w], p + halves[2 * w + 1]  # I-x continues the best of its own pair
         p = torch.maximum(a1, a2)  # (B, 1, P)
         alpha += [a1, a2]

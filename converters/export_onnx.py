@@ -40,7 +40,7 @@ def export_onnx(model: torch.nn.Module, cfg: OnnxExportConfig, path: str | Path,
     import onnx
 
     from edgekit.converters.decoding import io_names
-    from edgekit.converters.parity import compare
+    from edgekit.converters.parity import batch_parity, compare
     from edgekit.runtime.backends import OnnxBackend
 
     t0 = time.perf_counter()
@@ -70,28 +70,10 @@ def export_onnx(model: torch.nn.Module, cfg: OnnxExportConfig, path: str | Path,
     if parity["intent_argmax_agree"] < 0.995:
         rec.warnings.append(f"ONNX Runtime intent agreement with eager is {parity['intent_argmax_agree']:.4f}")
     if cfg.batch:
-        rec.extra["batch_parity"] = batch_parity(backend.run, check_inputs)
+        rec.extra["batch_parity"] = batch_parity(backend.run, check_inputs, batch=len(check_inputs))
         if rec.extra["batch_parity"]["agree"] < 1.0:
             rec.warnings.append(f"batched answers differ from one-by-one ones: {rec.extra['batch_parity']}")
     return rec
-
-
-def batch_parity(run, check_inputs: list[list[np.ndarray]]) -> dict:
-    """One batched call on all `check_inputs` against one call each: the share of utterances whose integer
-    outputs (ids) agree exactly and whose float outputs agree by argmax, and the largest float difference."""
-    batched = run(*[np.concatenate(a, 0) for a in zip(*check_inputs)])
-    same, diff = 0, 0.0
-    for i, x in enumerate(check_inputs):
-        ok = True
-        for b, s in zip(batched, run(*x)):
-            b = b[i : i + 1]
-            if b.dtype.kind == "f":
-                diff = max(diff, float(np.abs(b - s).max()))
-                ok &= b.ndim < 2 or bool(np.array_equal(b.argmax(-1), s.argmax(-1)))
-            else:
-                ok &= bool(np.array_equal(b, s))
-        same += ok
-    return {"n": len(check_inputs), "agree": same / len(check_inputs), "max_abs_diff": diff}
 
 
 @contextmanager

@@ -175,16 +175,7 @@ def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inp
     extra.update(nodes_before=nodes_before, nodes_after=len(out.graph.node),
                  ops_after=dict(Counter(n.op_type for n in out.graph.node).most_common()),
                  cpu_casts_inserted=_inserted_casts(dst) if cfg.precision == "fp16" else 0)
-    extra.update(_agreement(src, dst, check_inputs))
-    if cfg.batch:  # INT8 dynamic quantizes a batch's activations with one scale: answers may depend on the batch
-        from edgekit.converters.export_onnx import batch_parity
-        from edgekit.runtime.backends import OnnxBackend
-
-        run = OnnxBackend(dst).run
-        parts = [batch_parity(run, check_inputs[k : k + 32]) for k in range(0, len(check_inputs), 32)]
-        extra["batch_parity"] = {"n": sum(p["n"] for p in parts), "batch": 32,
-                                 "agree": sum(p["agree"] * p["n"] for p in parts) / max(1, sum(p["n"] for p in parts)),
-                                 "max_abs_diff": max((p["max_abs_diff"] for p in parts), default=0.0)}
+    extra.update(_agreement(src, dst, check_inputs, cfg.batch))
     rec = PassRecord("optimize_onnx", bytes_before=Path(src).stat().st_size, bytes_after=Path(dst).stat().st_size,
                      seconds=time.perf_counter() - t0, extra=extra)
     if extra.get("batch_parity", {}).get("agree", 1.0) < 1.0:
@@ -249,22 +240,20 @@ def _inserted_casts(path: Path) -> int:
     return after - sum(n.op_type == "Cast" for n in onnx.load(str(path)).graph.node)
 
 
-def _agreement(src: Path, dst: Path, check_inputs: list[list[np.ndarray]]) -> dict:
-    """Share of `check_inputs` on which `dst` answers as `src`: ids equal; float outputs by argmax, on the real
-    (unpadded) pieces for per-piece outputs (a raw graph's slot logits)."""
+def _agreement(src: Path, dst: Path, check_inputs: list[list[np.ndarray]], batch: bool) -> dict:
+    """Share of `check_inputs` on which `dst` answers as `src` (`same_answer`, per-piece outputs on the real
+    pieces); with `batch`, also `dst` in batches of 32 against itself one by one (dynamic INT8 quantizes a batch's
+    activations with one scale, so an answer may depend on its batch)."""
+    from edgekit.converters.parity import batch_parity, same_answer
     from edgekit.runtime.backends import OnnxBackend
 
     a, b = OnnxBackend(src), OnnxBackend(dst)
+    singles = [b.run(*x) for x in check_inputs]
     same, diff = 0, 0.0
-    for x in check_inputs:
-        ok = True
-        real = x[1].astype(bool)  # (B, T) attention mask
-        for p, q in zip(a.run(*x), b.run(*x)):
-            if p.dtype.kind == "f":
-                diff = max(diff, float(np.abs(p - q).max()))
-                same_arg = p.argmax(-1) == q.argmax(-1)  # (B,) or (B, T)
-                ok &= p.ndim < 2 or bool(same_arg[real].all() if same_arg.shape == real.shape else same_arg.all())
-            else:
-                ok &= bool(np.array_equal(p, q))
-        same += ok
-    return {"agreement": same / max(1, len(check_inputs)), "checked": len(check_inputs), "max_abs_diff": diff}
+    for x, got in zip(check_inputs, singles):
+        ok, d = same_answer(a.run(*x), got, x[1].astype(bool))  # x[1]: the (B, T) attention mask
+        same, diff = same + ok, max(diff, d)
+    out = {"agreement": same / max(1, len(check_inputs)), "checked": len(check_inputs), "max_abs_diff": diff}
+    if batch:
+        out["batch_parity"] = batch_parity(b.run, check_inputs, singles)
+    return out

@@ -35,6 +35,36 @@ def compare(model: torch.nn.Module, run, inputs: list[list[np.ndarray]]) -> dict
             "slot_argmax_agree": (tok_same / tok_total) if tok_total else None}
 
 
+def same_answer(ref: list[np.ndarray], got: list[np.ndarray], real: np.ndarray | None = None) -> tuple[bool, float]:
+    """Whether two runs of a graph (output lists) give the same answer, and their largest float difference:
+    integer outputs (ids) equal, float outputs by argmax (per-piece ones only on the `real` pieces, a (B, T)
+    mask, when given)."""
+    ok, diff = True, 0.0
+    for p, q in zip(ref, got):
+        if p.dtype.kind != "f":
+            ok &= bool(np.array_equal(p, q))
+            continue
+        diff = max(diff, float(np.abs(p - q).max()))
+        if p.ndim >= 2:
+            same = p.argmax(-1) == q.argmax(-1)  # (B,) or (B, T)
+            ok &= bool(same[real].all() if real is not None and same.shape == real.shape else same.all())
+    return ok, diff
+
+
+def batch_parity(run, check_inputs: list[list[np.ndarray]], singles: list[list[np.ndarray]] | None = None,
+                 batch: int = 32) -> dict:
+    """Batched calls (`batch` utterances each) against one call per utterance (`singles`, else run here): the
+    share of utterances answered the same (`same_answer`) and the largest float difference."""
+    singles = singles if singles is not None else [run(*x) for x in check_inputs]
+    same, diff = 0, 0.0
+    for k in range(0, len(check_inputs), batch):
+        outs = run(*[np.concatenate(a, 0) for a in zip(*check_inputs[k : k + batch])])
+        for i, single in enumerate(singles[k : k + batch]):
+            ok, d = same_answer([o[i : i + 1] for o in outs], single)
+            same, diff = same + ok, max(diff, d)
+    return {"n": len(check_inputs), "batch": batch, "agree": same / max(1, len(check_inputs)), "max_abs_diff": diff}
+
+
 def merge(per_length: dict[int, dict]) -> dict:
     """One parity figure from `compare` results of several fixed lengths (buckets), kept under "buckets"."""
     parts = list(per_length.values())
