@@ -5,8 +5,10 @@
 
 1. intent whitelist: the build's allowed intents AND the run-time `intent_mask` input, applied before the
    softmax, so the confidence is renormalised over the allowed intents;
-2. out-of-scope rejection: below the calibrated confidence threshold the answer is the reserved `oos` id
-   (when the run-time `reject` input is true);
+2. confidence and out-of-scope rejection: the confidence is the top probability of softmax(logits / T), T a
+   temperature fitted on dev so that it means what it says; an utterance whose score (that confidence, or the
+   energy T * logsumexp(logits / T), which does not saturate) is below the calibrated threshold is answered
+   with the reserved `oos` id (when the run-time `reject` input is true);
 3. slots: Viterbi over BIO tags on each word's first piece, with only valid BIO moves (`I-x` after `B-x`/`I-x`)
    and only the slots seen with the predicted intent in training. The output is one tag id per word.
 
@@ -211,9 +213,10 @@ class DecodedModel(nn.Module):
     batched = False  # exported with a dynamic batch axis: intent_mask (B, I), the Viterbi's general path
 
     def __init__(self, model: nn.Module, base_mask: torch.Tensor, oos_id: int, threshold: float,
-                 tables: dict[str, torch.Tensor] | None):
+                 tables: dict[str, torch.Tensor] | None, score: str = "confidence", temperature: float = 1.0):
         super().__init__()
-        self.model, self.threshold = model, float(threshold)
+        self.model, self.threshold, self.score = model, float(threshold), score
+        self.temperature = float(temperature)
         self.all_allowed = bool(base_mask.all())  # then the build's whitelist costs no op
         # Constants as buffers, so they travel with .to() and export as constants rather than ops.
         self.register_buffer("base_mask", base_mask)  # (I,) bool: intents the build allows
@@ -239,13 +242,19 @@ class DecodedModel(nn.Module):
     def forward(self, input_ids, attention_mask, word_pos, intent_mask, reject):
         out = self.model(input_ids, attention_mask)
         logits = out[0] if self.all_allowed else out[0] + self.intent_bias  # (B, I)
-        probs = torch.softmax(torch.where(intent_mask, logits, self.neg), -1)  # renormalised over allowed intents
+        logits = torch.where(intent_mask, logits, self.neg)  # renormalised over the allowed intents
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        probs = torch.softmax(logits, -1)  # (B, I)
         if self.batched:  # (B,) each; no ReduceMax, see _max
             intent = probs.argmax(-1)
             conf = probs.gather(-1, intent[:, None])[:, 0]
         else:
             conf, intent = probs.max(-1)  # (B,)
-        intent = torch.where(reject & (conf < self.threshold), self.oos, intent)
+        score = conf
+        if self.score == "energy":  # T * logsumexp(logits / T) = T * (top scaled logit - log confidence): no new op
+            score = (logits.gather(-1, intent[:, None])[:, 0] - torch.log(conf)) * self.temperature
+        intent = torch.where(reject & (score < self.threshold), self.oos, intent)
         if not self.has_slots:
             return intent, conf
         # Table row = intent: the Viterbi runs over the predicted intent's slots only (rows past the intents: O).
@@ -255,9 +264,10 @@ class DecodedModel(nn.Module):
 
 @dataclass
 class DecodingConfig:
-    """What the decoding graph bakes in. `threshold` 0 turns rejection off; `oos_class` True when the data's
-    oos label is a trained class (then rejection answers that class and `oos_in_softmax` says whether it takes
-    part in the softmax)."""
+    """What the decoding graph bakes in. `score` ("confidence" or "energy") below `threshold` is refused;
+    the confidence threshold 0 turns rejection off. `temperature` divides the logits before the softmax.
+    `oos_class` True when the data's oos label is a trained class (then rejection answers that class and
+    `oos_in_softmax` says whether it takes part in the softmax)."""
 
     intents: list[str]
     slot_tags: list[str]
@@ -266,6 +276,8 @@ class DecodingConfig:
     oos_label: str | None = None  # the data's own out-of-scope class, if it has one
     oos_in_softmax: bool = True
     threshold: float = 0.0
+    score: str = "confidence"
+    temperature: float = 1.0
 
     def __post_init__(self):
         unknown = sorted(set(self.allowed_intents or ()) - set(self.intents))
@@ -273,8 +285,13 @@ class DecodingConfig:
             raise ValueError(f"--intents names unknown intent {unknown[0]!r}; known: {', '.join(self.intents)}")
         if self.allowed_intents is not None and not self.allowed_intents:
             raise ValueError("--intents is empty")
-        if not 0 <= self.threshold <= 1:
-            raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+        if self.score not in ("confidence", "energy"):
+            raise ValueError(f"score must be 'confidence' or 'energy', got {self.score!r}")
+        if not np.isfinite(self.threshold) or (self.score == "confidence" and not 0 <= self.threshold <= 1):
+            raise ValueError(f"a {self.score} threshold must be {'in [0, 1]' if self.score == 'confidence' else 'finite'}"
+                             f", got {self.threshold}")
+        if not (np.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
     @property
     def oos_id(self) -> int:
@@ -297,9 +314,10 @@ def with_decoding(model: nn.Module, cfg: DecodingConfig) -> tuple[DecodedModel, 
     if has_slots:
         allowed = [{t[2:] for t, b in zip(cfg.slot_tags, r) if b == 0 and t != "O"} for r in bias.tolist()]
         tables = bio_tables(cfg.slot_tags, allowed)
-    dm = DecodedModel(model, cfg.base_mask(), cfg.oos_id, cfg.threshold, tables).eval()
+    dm = DecodedModel(model, cfg.base_mask(), cfg.oos_id, cfg.threshold, tables, cfg.score, cfg.temperature).eval()
     rec = PassRecord("decoding", seconds=time.perf_counter() - t0, extra={
         "allowed_intents": cfg.allowed_intents, "oos_id": cfg.oos_id, "threshold": cfg.threshold,
+        "score": cfg.score, "temperature": cfg.temperature,
         "oos_class": cfg.oos_label in cfg.intents, "oos_in_softmax": cfg.oos_in_softmax,
         "intent_slots": {k: sorted(v) for k, v in cfg.intent_slots.items()} if cfg.intent_slots is not None else None,
         "blocked_transitions": int((bio_transitions(cfg.slot_tags) < 0).sum()) if has_slots else 0,
@@ -313,7 +331,8 @@ def config_from_record(labels: dict, extra: dict) -> DecodingConfig:
     return DecodingConfig(labels["intents"], labels["slot_tags"],
                           {k: set(v) for k, v in slots.items()} if slots is not None else None,
                           extra.get("allowed_intents"), labels.get("oos_label"), extra.get("oos_in_softmax", True),
-                          extra.get("threshold", 0.0))
+                          extra.get("threshold", 0.0), extra.get("score", "confidence"),
+                          extra.get("temperature", 1.0))
 
 
 def intent_slots_seen(examples) -> dict[str, set[str]]:
@@ -322,35 +341,6 @@ def intent_slots_seen(examples) -> dict[str, set[str]]:
     for ex in examples:
         seen.setdefault(ex.intent, set()).update(t[2:] for t in (ex.tags or []) if t != "O")
     return seen
-
-
-def threshold_for_rate(conf_in_scope: np.ndarray, rate: float) -> float:
-    """The confidence below which `rate` of the in-scope utterances fall (they would be rejected)."""
-    if not 0 <= rate < 1:
-        raise ValueError(f"--oos-far must be in [0, 1), got {rate}")
-    return float(np.quantile(conf_in_scope, rate)) if rate > 0 else 0.0
-
-
-def best_threshold(conf: np.ndarray, pred_ok: np.ndarray, is_oos: np.ndarray, pred_oos: np.ndarray,
-                   max_drop: float = 0.02) -> tuple[float, dict]:
-    """Threshold on labelled data (dev) that catches the most out-of-scope utterances while in-scope accuracy
-    stays within `max_drop` of what it is without a threshold (ties: the higher in-scope accuracy).
-
-    conf: max probability per utterance; pred_ok: the argmax intent is right (in-scope rows);
-    is_oos: gold is out-of-scope; pred_oos: the argmax already answers the oos class."""
-    def figures(tau):
-        reject = pred_oos | (conf < tau)
-        ins = float((pred_ok & ~reject)[~is_oos].mean()) if (~is_oos).any() else 0.0
-        return ins, float(reject[is_oos].mean()) if is_oos.any() else 0.0
-
-    floor = figures(0.0)[0] - max_drop
-    best = (-1.0, -1.0, 0.0)
-    for tau in np.unique(np.concatenate([[0.0], conf])):
-        ins, rec = figures(tau)
-        if ins >= floor - 1e-12 and (rec, ins) > best[:2]:
-            best = (rec, ins, float(tau))
-    return best[2], {"in_scope_acc": best[1], "oos_recall": best[0]}
-
 
 
 def io_names(model: nn.Module) -> tuple[list[str], list[str]]:

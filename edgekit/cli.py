@@ -340,6 +340,33 @@ def verify(
 
 
 @app.command()
+def doctor(
+    package: Optional[Path] = typer.Argument(None, help="A package folder to verify as well."),
+):
+    """Check this machine: versions, the ExecuTorch runtime and XNNPACK, ONNX Runtime's providers and the GPU,
+    CPU features, disk and cache, the base model, and a package if given. Each problem comes with its fix; exit 1
+    when something required is broken (docs/troubleshooting.md lists the errors users meet)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from edgekit import doctor as dr
+
+    checks = dr.run(package)
+    table = Table(title="edgekit doctor", show_lines=False)
+    for col in ("check", "status", "found", "fix"):
+        table.add_column(col, overflow="fold")
+    style = {dr.OK: "green", dr.WARN: "yellow", dr.FAIL: "bold red", dr.INFO: "cyan"}
+    for c in checks:
+        table.add_row(c.name, f"[{style[c.status]}]{c.status}[/]", c.detail, c.fix)
+    Console(width=max(100, Console().width)).print(table)
+    bad = dr.failed(checks)
+    if bad:
+        typer.echo(f"{len(bad)} required check(s) failed: {', '.join(c.name for c in bad)}", err=True)
+        raise typer.Exit(1)
+    typer.echo("all required checks passed")
+
+
+@app.command()
 def targets():
     """List the device profiles in devices/."""
     from edgekit.targets import available, load_target

@@ -61,6 +61,8 @@ def render_markdown(rep: dict) -> str:
                      + f" {r['params']:,} | {_size(r['size_bytes'])} | {r['seconds']:.1f} |"
                      + "".join(f" {lat[rt]['p50_ms']:.2f} / {lat[rt]['p99_ms']:.2f} |" if rt in lat else " — |"
                                for rt in rts))
+    if "stages" in rep.get("plots", {}):
+        lines += ["", f"![size against accuracy by stage]({rep['plots']['stages']})"]
     lines += _compression(rep)
     lines += _quantization(rep)
     export = next((p for p in rep.get("passes", []) if p["name"] == "export"), None)
@@ -75,7 +77,7 @@ def render_markdown(rep: dict) -> str:
                              f"{e['extra']['parity']['max_abs_diff']:.2e} | {_pct(e['metrics']['intent_acc'])} | "
                              f"{_pct(e['metrics'].get('slot_f1'))} |")
     lines += _fusion(next((p for p in rep.get("passes", []) if p["name"] == "fuse"), None))
-    lines += _decoding(export)
+    lines += _decoding(export, rep)
     if rep.get("package"):
         pk = rep["package"]
         lines += ["", "## Package", "",
@@ -262,22 +264,49 @@ def _batches(rep: dict) -> list[str]:
                     "(`edgekit loadtest` measures the whole)."]
 
 
-def _decoding(export: dict | None) -> list[str]:
+def _decoding(export: dict | None, rep: dict) -> list[str]:
     """The decoding graph: out-of-scope policy, argmax against constrained slots, rejection figures."""
     if not export or "decoding" not in export["extra"]:
         return []
     d = export["extra"]["decoding"]
     lines = ["", "## Decoding in the graph (test split)", "",
              f"Intents allowed by the build: {', '.join(d['allowed_intents']) if d['allowed_intents'] else 'all'}. "
-             f"Out-of-scope: {d['policy']}, confidence threshold {d['threshold']:.4f}; {d['calibration']}."]
+             f"Out-of-scope: {d['policy']} (threshold {d['threshold']:.4f} on the {d.get('score', 'confidence')}); "
+             f"{d['calibration']}."]
+    if d.get("calibration_error"):
+        e = d["calibration_error"]
+        lines.append(f"Confidence calibration: {d['temperature_note']}. Expected calibration error (in-scope, 15 "
+                     f"bins): dev {e['dev_before']:.4f} → {e['dev_after']:.4f}, test {e['test_before']:.4f} → "
+                     f"{e['test_after']:.4f}.")
     ch = d.get("intent_slot_choice")
     if ch:
         lines.append(f"Intent-to-slot whitelist {'on' if ch['used'] else 'off'}: teacher dev slot F1 "
                      f"{_pct(ch['teacher_dev_slot_f1_with'])} with it, {_pct(ch['teacher_dev_slot_f1_without'])} "
                      "without (kept unless it costs).")
+    if d.get("candidates"):
+        lines += ["", "| policy and score (dev) | AUROC | threshold | in-scope acc | OOS recall |",
+                  "|---|---:|---:|---:|---:|"]
     for name, c in d.get("candidates", {}).items():
-        lines.append(f"- dev, {name}: threshold {c['threshold']:.4f}, in-scope accuracy {_pct(c['dev']['in_scope_acc'])}, "
-                     f"out-of-scope recall {_pct(c['dev']['oos_recall'])}")
+        thr = "none" if c["threshold"] is None else f"{c['threshold']:.4f}"
+        lines.append(f"| {name}{' (chosen)' if name == d['policy'] else ''} | {c.get('dev_auroc', float('nan')):.4f} "
+                     f"| {thr} | {_pct(c['dev']['in_scope_acc'])} | {_pct(c['dev']['oos_recall'])} |")
+    c = d.get("oos_curve")
+    if c:
+        ch = c["chosen"]
+        lines += ["", f"In-scope accuracy against out-of-scope recall on {c['split']} ({c['model']} model, "
+                  f"{c['score']} threshold swept; AUROC {c['auroc']:.4f}); the shipped threshold gives "
+                  f"**{_pct(ch['in_scope_acc'])} in-scope, {_pct(ch['oos_recall'])} recall**:", "",
+                  "| threshold | in-scope acc | OOS recall | in-scope refused |", "|---:|---:|---:|---:|"]
+        pts = c["points"]
+        for p in pts[:: max(1, len(pts) // 10)]:
+            thr = "none" if p["threshold"] is None else f"{p['threshold']:.4f}"
+            lines.append(f"| {thr} | "
+                         f"{_pct(p['in_scope_acc'])} | {_pct(p['oos_recall'])} | {_pct(p['refused_in_scope'])} |")
+        if "oos" in rep.get("plots", {}):
+            lines += ["", f"![out-of-scope curve]({rep['plots']['oos']})"]
+    elif d.get("oos_recall") == "unknown":
+        lines += ["", "**Out-of-scope recall is unknown**: the data has no out-of-scope examples, so nothing "
+                  "measures how often a request outside these intents is refused."]
     lines += ["", "| runtime | slot F1 argmax | slot F1 constrained | invalid BIO argmax | invalid BIO constrained | "
               "intent acc with rejection | in-scope acc | OOS recall | rejected |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for rt in ("executorch", "onnx"):

@@ -27,7 +27,8 @@ def sha256(path: Path) -> str:
 
 
 TOKENIZERS = ("sentencepiece", "wordpiece")
-REPORTS = ("report.json", "report.md")  # the build writes these beside the package; not part of it
+# The build writes these beside the package (report and its plots, edgekit.plots.PLOTS); not part of it.
+REPORTS = ("report.json", "report.md", "oos_curve.png", "stages.png")
 HEX = set("0123456789abcdef")
 
 

@@ -113,6 +113,15 @@ def test_decoding_graph_in_report(built):
         assert lat["without_decoding"]["p50_ms"] > 0 and "decoding_overhead" in lat
     md = (out / "report.md").read_text()
     assert "## Decoding in the graph" in md and "out-of-scope recall is unknown" in md
+    assert "**Out-of-scope recall is unknown**" in md
+    # the confidence temperature: fitted on dev, kept only when it lowers the dev calibration error
+    err = d["calibration_error"]
+    assert d["temperature_fit"] > 0 and set(err) == {"dev_before", "dev_after", "test_before", "test_after"}
+    assert d["temperature"] == (d["temperature_fit"] if err["dev_after"] < err["dev_before"] else 1.0)
+    dec = Package.load(out).manifest["decoding"]
+    assert dec["score"] == "confidence" and dec["temperature"] == d["temperature"] and dec["threshold"] == 0
+    # one model stage (the teacher) is no size-against-accuracy plot; no out-of-scope data, no curve
+    assert rep["plots"] == {} and not (out / "stages.png").exists() and not (out / "oos_curve.png").exists()
 
 
 @pytest.mark.parametrize("runtime", ["executorch", "onnx"])
@@ -167,6 +176,39 @@ def test_intent_only_csv_build(tmp_path, tiny_bert):
         assert ans["slots"] == [] and ans["intent"] in pkg.labels["intents"]
 
 
+def test_out_of_scope_data_gets_a_calibrated_threshold_and_a_curve(tmp_path, tiny_bert):
+    """Data with an `oos` class: four policies calibrated on dev, the one with the most dev recall shipped, its
+    test curve in the report (table and PNG), and the package refuses as the curve's chosen point says."""
+    import random
+
+    rows = [json.loads(line) for line in DEMO.read_text().splitlines()]
+    rng = random.Random(0)
+    words = "quantum bread violin glacier tax poem ladder orbit velvet cactus sermon piston".split()
+    oos = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 6))) for _ in range(90)]
+    csv = tmp_path / "oos.csv"
+    csv.write_text("text,label\n" + "".join(f'"{r["text"]}",{r["intent"]}\n' for r in rows)
+                   + "".join(f"{t},oos\n" for t in oos))
+    out = tmp_path / "pkg"
+    rep = build(BuildConfig(data=str(csv), out=str(out), base_model=str(tiny_bert), stages=BASIC,
+                            settings={**TEACHER, "package": {"buckets": [], "bench_utterances": 20}}))
+    d = next(p for p in rep["passes"] if p["name"] == "export")["extra"]["decoding"]
+    cands = d["candidates"]
+    assert {(c["oos_in_softmax"], c["score"]) for c in cands.values()} == {(a, b) for a in (True, False)
+                                                                           for b in ("confidence", "energy")}
+    assert d["policy"] == max(cands, key=lambda k: (cands[k]["dev"]["oos_recall"], cands[k]["dev"]["in_scope_acc"]))
+    assert all(0.5 <= c["dev_auroc"] <= 1 for c in cands.values())  # the tiny model separates better than chance
+    c = d["oos_curve"]
+    rec = [p["oos_recall"] for p in c["points"]]
+    assert c["points"][0]["threshold"] is None and rec == sorted(rec)
+    shipped = next(p for p in rep["passes"] if p["name"] == "export")["extra"]["onnx"]["extra"]["decoding"]
+    # no quantization: the runtime refuses what the eager curve's chosen point says (rounding aside)
+    assert shipped["with_rejection"]["oos_recall"] == pytest.approx(c["chosen"]["oos_recall"], abs=0.02)
+    assert shipped["with_rejection"]["in_scope_acc"] == pytest.approx(c["chosen"]["in_scope_acc"], abs=0.02)
+    md = (out / "report.md").read_text()
+    assert "](oos_curve.png)" in md and "| threshold | in-scope acc | OOS recall |" in md
+    assert (out / "oos_curve.png").read_bytes()[:4] == b"\x89PNG" and Package.load(out).strays() == []
+
+
 def test_quantized_build_reuses_the_teacher_and_rebuilds_int8_from_its_record(built, tiny_bert, tmp_path):
     out = tmp_path / "int8"
     stages = ["teacher", "quantize", "export", "fuse", "package"]
@@ -182,6 +224,9 @@ def test_quantized_build_reuses_the_teacher_and_rebuilds_int8_from_its_record(bu
     assert onnx_q["quantized_matmuls"] > 0 and onnx_q["nodes_after"] > onnx_q["nodes_before"]
     md = (out / "report.md").read_text()
     assert "## Quantization (INT8)" in md and "| fuse (onnx) |" in md and "ExecuTorch p50 / p99 ms" in md
+    # two model stages: the size-against-accuracy plot, linked, beside the package and not a stray file of it
+    assert (out / "stages.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and rep["plots"] == {"stages": "stages.png"}
+    assert "](stages.png)" in md and Package.load(out).strays() == []
     fuse = next(p for p in rep["passes"] if p["name"] == "fuse")["extra"]
     assert fuse["onnx"]["nodes_after"] < fuse["onnx"]["nodes_before"] and fuse["onnx"]["agreement"] >= 0.995
     rows = {r["name"]: r for r in rep["stages"]}

@@ -248,4 +248,10 @@ def _run(ctx: Context, on_stage) -> dict:
     for name, res in ctx.results():  # free the models: the report is what the caller gets
         if isinstance(res, ModelResult):
             res._model = None
-    return report(ctx)
+    from edgekit.plots import write_plots
+
+    rep = report(ctx)
+    rep["plots"] = write_plots(rep, ctx.out)
+    write_json(ctx.out / "report.json", rep)
+    write_text(ctx.out / "report.md", render_markdown(rep))
+    return rep

@@ -6,11 +6,9 @@ import torch
 
 from edgekit.converters.decoding import (
     DecodingConfig,
-    best_threshold,
     bio_tables,
     bio_transitions,
     intent_slot_table,
-    threshold_for_rate,
     viterbi,
     with_decoding,
     word_positions,
@@ -232,19 +230,39 @@ def test_each_runtime_gets_its_back_tracking_on_shared_weights():
         assert all(np.array_equal(a, b) for a, b in zip(run_eager(onnx_dm, arrays), run_eager(et_dm, arrays)))
 
 
-def test_threshold_calibration():
-    conf = np.linspace(0.01, 1.0, 100)
-    assert threshold_for_rate(conf, 0.05) == pytest.approx(np.quantile(conf, 0.05))
-    assert (conf < threshold_for_rate(conf, 0.05)).mean() == pytest.approx(0.05, abs=0.011)
-    assert threshold_for_rate(conf, 0.0) == 0.0
-    with pytest.raises(ValueError):
-        threshold_for_rate(conf, 1.5)
-    # Out-of-scope utterances have low confidence here: the best threshold separates them.
-    rng = np.random.default_rng(0)
-    c = np.concatenate([rng.uniform(0.6, 1.0, 90), rng.uniform(0.1, 0.5, 10)])
-    is_oos = np.arange(100) >= 90
-    tau, figs = best_threshold(c, ~is_oos, is_oos, np.zeros(100, bool))
-    assert 0.5 < tau <= c[:90].min() and figs == {"in_scope_acc": 1.0, "oos_recall": 1.0}
+@pytest.mark.parametrize("score,temperature", [("confidence", 1.0), ("confidence", 2.5), ("energy", 1.0),
+                                               ("energy", 0.7)])
+def test_graph_confidence_and_rejection_match_the_calibration_module(score, temperature):
+    """The graph's confidence is softmax(masked logits / T)'s top probability, and it refuses exactly the
+    utterances whose score (confidence or energy, as edgekit.calibration computes them) is below the threshold."""
+    from edgekit.calibration import scores
+    from edgekit.converters.decoding import NEG
+
+    raw = tiny()
+    arrays = graph_inputs(6)
+    with torch.no_grad():
+        z = np.concatenate([raw(torch.from_numpy(a[0]), torch.from_numpy(a[1]))[0].numpy() for a in arrays])
+    ref = scores(z, temperature)
+    tau = float(np.median(ref[score]))  # half refused
+    dm, rec = with_decoding(raw, DecodingConfig(INTENTS, TAGS, threshold=tau, score=score, temperature=temperature))
+    assert (rec.extra["score"], rec.extra["temperature"]) == (score, temperature)
+    got = [run_eager(dm, a) for a in arrays]
+    conf = np.array([g[1][0] for g in got])
+    np.testing.assert_allclose(conf, ref["confidence"], rtol=1e-5)
+    refused = np.array([g[0][0] == len(INTENTS) for g in got])
+    assert refused.tolist() == (ref[score] < tau).tolist() and 0 < refused.sum() < len(arrays)
+    # A whitelist renormalises the energy too: blocked intents sit at NEG before the logsumexp.
+    arrays[0][3] = np.array([True, False, True])
+    masked = scores(np.where(arrays[0][3], z[:1], NEG), temperature)
+    np.testing.assert_allclose(run_eager(dm, arrays[0])[1], masked["confidence"], rtol=1e-5)
+
+
+def test_decoding_config_checks_score_threshold_and_temperature():
+    DecodingConfig(INTENTS, TAGS, score="energy", threshold=-3.5)  # energies may be negative
+    for bad in ({"threshold": 1.5}, {"score": "entropy"}, {"temperature": 0.0}, {"score": "energy",
+                                                                                   "threshold": float("inf")}):
+        with pytest.raises(ValueError):
+            DecodingConfig(INTENTS, TAGS, **bad)
 
 
 @pytest.mark.parametrize("n_slots", [len(TAGS), 0])

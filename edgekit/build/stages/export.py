@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.build.context import Context, ExportResult, stage_row
-from edgekit.build.evaluate import calibration, check_inputs, decoding_config, runtime_answers
+from edgekit.build.evaluate import calibration, check_inputs, decoding_config, intent_logits, runtime_answers
 from edgekit.build.runner import stage
 from edgekit.model import count_params
 from edgekit.record import PassRecord
@@ -30,51 +30,97 @@ def raw_name(runtime: str) -> str:
 
 
 def decoding_graph(ctx: Context, model):
-    """The decoding graph for this build: intent whitelist, intent-to-slot whitelist, out-of-scope policy.
+    """The decoding graph for this build: intent whitelist, intent-to-slot whitelist, confidence temperature and
+    out-of-scope policy, all calibrated on dev (edgekit.calibration).
 
-    With out-of-scope examples in dev, two policies are calibrated there (each: the most out-of-scope recall
-    with in-scope accuracy at most 2 points under no threshold) and the one with the higher recall kept: the
-    trained oos class plus a confidence threshold, or a threshold on the in-scope intents alone (oos class left
-    out of the softmax). Without them, the threshold refuses `decoding.oos_far` of the held-out in-scope (dev)
-    utterances; 0 (the default) turns rejection off."""
-    from edgekit.converters.decoding import best_threshold, threshold_for_rate, with_decoding
+    The temperature is one scalar fitted by dev NLL, kept only when it lowers the dev calibration error. With
+    out-of-scope examples in dev, each policy (the trained oos class in the softmax or left out of it) and score
+    (confidence or energy) gets the threshold that catches the most out-of-scope dev utterances while in-scope
+    accuracy loses at most `decoding.oos_max_drop_pts`, and the one with the higher recall is kept; the curve of
+    in-scope accuracy against out-of-scope recall on test is recorded with the chosen point. Without them, the
+    energy threshold refuses `decoding.oos_far` of the in-scope dev utterances; 0 (the default) turns rejection
+    off and out-of-scope recall is unknown."""
+    from edgekit.calibration import (
+        SCORES,
+        auroc,
+        best_threshold,
+        curve,
+        ece,
+        fit_temperature,
+        operating_point,
+        scores,
+        threshold_for_rate,
+    )
+    from edgekit.converters.decoding import NEG, with_decoding
 
-    data, allowed = ctx.data, ctx.cfg.intents
-    oos = data.oos_label
-    dev = [ex for ex in data.splits["dev"] if allowed is None or ex.intent in allowed or ex.intent == oos]
-    is_oos = np.array([ex.intent == oos for ex in dev]) if oos else np.zeros(len(dev), bool)
+    data, allowed, dset = ctx.data, ctx.cfg.intents, ctx.settings.decoding
+    oos, index = data.oos_label, {k: i for i, k in enumerate(data.intents)}
 
-    def answers(cfg):  # eager answers of the decoding graph without rejection
-        dm, _ = with_decoding(model, cfg)
-        return predict_eager(dm, dev, ctx.tokenizer, ctx.labels, ctx.max_len, reject=False)
+    def split(name):  # utterances the build may answer (its whitelist), their logits, gold ids, oos flags
+        exs = [ex for ex in data.splits[name] if allowed is None or ex.intent in allowed or ex.intent == oos]
+        return (intent_logits(ctx, model, exs), np.array([index.get(ex.intent, -1) for ex in exs]),
+                np.array([ex.intent == oos for ex in exs], bool))
 
-    if is_oos.any():
+    def view(z, y, is_oos, cfg, t):  # what the graph computes: masked logits / t; right answers; refused by class
+        s = scores(np.where(cfg.base_mask().numpy(), z, NEG), t)
+        return s, (s["pred"] == y) & ~is_oos, (s["pred"] == cfg.oos_id) if oos else np.zeros(len(y), bool)
+
+    (zd, yd, oos_d), (zt, yt, oos_t) = split("dev"), split("test")
+    base = decoding_config(ctx)
+    keep = base.base_mask().numpy()[np.clip(yd, 0, None)] & (yd >= 0)  # dev rows whose gold the softmax can answer
+    t_fit = fit_temperature(np.where(base.base_mask().numpy(), zd, NEG)[keep], yd[keep])
+    err = {}
+    for name, t in (("before", 1.0), ("after", t_fit)):
+        for sname, (z, y, o) in (("dev", (zd, yd, oos_d)), ("test", (zt, yt, oos_t))):
+            s, ok, _ = view(z, y, o, base, t)
+            err[f"{sname}_{name}"] = ece(s["confidence"][~o], ok[~o])
+    temperature = t_fit if err["dev_after"] < err["dev_before"] else 1.0
+    info = {"temperature_fit": t_fit, "calibration_error": err,
+            "temperature_note": f"T = {t_fit:.3f} fitted by dev NLL; dev ECE {err['dev_before']:.4f} -> "
+                                f"{err['dev_after']:.4f}, so T = {temperature:.3f} is "
+                                f"{'kept' if temperature != 1.0 else 'not used'}"}
+
+    if oos_d.any():
         candidates = {}
         for policy, in_softmax in (("oos class + threshold", True), ("threshold on in-scope intents", False)):
-            ans = answers(decoding_config(ctx, oos_in_softmax=in_softmax))
-            conf = np.array([a["confidence"] for a in ans])
-            ok = np.array([a["intent"] == ex.intent for a, ex in zip(ans, dev)])
-            tau, figs = best_threshold(conf, ok, is_oos, np.array([a["intent"] == oos for a in ans]))
-            candidates[policy] = {"oos_in_softmax": in_softmax, "threshold": tau, "dev": figs}
-        policy = max(candidates, key=lambda k: (candidates[k]["dev"]["oos_recall"], candidates[k]["dev"]["in_scope_acc"]))
-        chosen = candidates[policy]
-        info = {"policy": policy, "threshold": chosen["threshold"], "candidates": candidates,
-                "calibration": f"dev: {int((~is_oos).sum())} in-scope and {int(is_oos.sum())} out-of-scope "
-                               "utterances; the threshold that catches the most out-of-scope utterances while "
-                               "in-scope accuracy stays within 2 points of its value without one"}
-        cfg = decoding_config(ctx, oos_in_softmax=chosen["oos_in_softmax"], threshold=chosen["threshold"])
+            cfg = decoding_config(ctx, oos_in_softmax=in_softmax)
+            s, ok, pred_oos = view(zd, yd, oos_d, cfg, temperature)
+            for score in SCORES:
+                tau, figs = best_threshold(s[score], ok, pred_oos, oos_d, dset.oos_max_drop_pts / 100)
+                eff = np.where(pred_oos, -np.inf, s[score])  # answering the oos class refuses whatever the score
+                candidates[f"{policy}, {score}"] = {"oos_in_softmax": in_softmax, "score": score, "threshold": tau,
+                                                    "dev": figs, "dev_auroc": auroc(eff[~oos_d], eff[oos_d])}
+        key = max(candidates, key=lambda k: (candidates[k]["dev"]["oos_recall"], candidates[k]["dev"]["in_scope_acc"]))
+        chosen = candidates[key]
+        off = chosen["threshold"] is None  # no threshold helps: the oos class alone refuses
+        cfg = decoding_config(ctx, oos_in_softmax=chosen["oos_in_softmax"], temperature=temperature,
+                              score="confidence" if off else chosen["score"], threshold=0.0 if off else chosen["threshold"])
+        s, ok, pred_oos = view(zt, yt, oos_t, cfg, temperature)
+        tau = -np.inf if off else cfg.threshold
+        info |= {"policy": key, "threshold": cfg.threshold, "candidates": candidates,
+                 "calibration": f"dev: {int((~oos_d).sum())} in-scope and {int(oos_d.sum())} out-of-scope "
+                                "utterances; the threshold that catches the most out-of-scope utterances while "
+                                f"in-scope accuracy loses at most {dset.oos_max_drop_pts:g} points "
+                                "(decoding.oos_max_drop_pts)",
+                 "oos_curve": {"split": "test", "model": "eager", "score": cfg.score,
+                               "auroc": auroc(np.where(pred_oos, -np.inf, s[cfg.score])[~oos_t],
+                                              np.where(pred_oos, -np.inf, s[cfg.score])[oos_t]),
+                               "points": curve(s[cfg.score], ok, pred_oos, oos_t),
+                               "chosen": operating_point(s[cfg.score], ok, pred_oos, oos_t, tau)}}
     else:
-        far = ctx.settings.decoding.oos_far
-        tau = threshold_for_rate(np.array([a["confidence"] for a in answers(decoding_config(ctx))]), far) \
-            if far > 0 else 0.0
-        what = (f"the threshold refuses {100 * far:.1f}% of the {len(dev)} held-out in-scope (dev) utterances "
-                "(decoding.oos_far)" if far > 0 else "rejection is off (decoding.oos_far = 0): a threshold cannot "
-                "be calibrated without out-of-scope examples, and one set from in-scope data alone refuses valid "
-                "requests")
-        info = {"policy": "threshold (no out-of-scope data)", "threshold": tau, "oos_far": far,
-                "oos_recall": "unknown", "calibration": f"no out-of-scope examples: {what}; out-of-scope recall "
-                                                         "is unknown (it cannot be measured on this data)"}
-        cfg = decoding_config(ctx, threshold=tau)
+        far = dset.oos_far
+        s, _, _ = view(zd, yd, oos_d, base, temperature)
+        tau = threshold_for_rate(s["energy"], far)
+        what = (f"the energy threshold refuses {100 * far:.1f}% of the {len(yd)} held-out in-scope (dev) "
+                "utterances (decoding.oos_far)" if tau is not None else "rejection is off (decoding.oos_far = 0): "
+                "a threshold cannot be calibrated without out-of-scope examples, and one set from in-scope data "
+                "alone refuses valid requests")
+        info |= {"policy": "threshold (no out-of-scope data)", "oos_far": far, "oos_recall": "unknown",
+                 "calibration": f"no out-of-scope examples: {what}; out-of-scope recall is unknown (it cannot be "
+                                "measured on this data)"}
+        cfg = decoding_config(ctx, temperature=temperature, **({} if tau is None else
+                                                             {"score": "energy", "threshold": tau}))
+        info["threshold"] = cfg.threshold
     dm, rec = with_decoding(model, cfg)
     rec.extra.update(info, intent_slot_choice=ctx.teacher.intent_slots_choice)
     return dm, rec

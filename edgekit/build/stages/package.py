@@ -46,7 +46,7 @@ def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
         "outputs": ["intent", "confidence"] + (["tags"] if ctx.data.has_slots else []),
         # The graph decodes: intent id (the id after the last intent is the reserved oos answer unless the data
         # has its own oos class), its confidence over the allowed intents, and one BIO tag id per word.
-        "decoding": {k: dec[k] for k in ("policy", "threshold", "oos_id", "allowed_intents")}
+        "decoding": {k: dec.get(k) for k in ("policy", "score", "threshold", "temperature", "oos_id", "allowed_intents")}
         | {"oos_answer": ctx.data.oos_label or OOS},
         "models": {r: MODEL_FILES[r] for r in ctx.target.runtimes},
         # Length buckets: one method per fixed length (shortest first); an app runs the shortest that holds the

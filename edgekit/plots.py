@@ -1,0 +1,96 @@
+"""The report's plots (matplotlib, PNG, written next to report.json and linked from report.md).
+
+Each function takes report.json's content and a path, draws one figure from it, and returns the path, or None
+when the report has nothing to draw. Files are written to a temp name and renamed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# The file names a build writes beside the package (edgekit verify accepts them as the build's, not the package's).
+PLOTS = {"oos": "oos_curve.png", "stages": "stages.png"}
+
+
+def _figure(w: float = 6.4, h: float = 4.2):
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: builds run headless
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(w, h), dpi=110)
+    ax.grid(True, alpha=0.3)
+    return plt, fig, ax
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def oos_curve(rep: dict, path: Path) -> Path | None:
+    """In-scope accuracy against out-of-scope recall as the rejection threshold sweeps (test split), with the
+    shipped threshold marked. Only for data with out-of-scope examples."""
+    export = next((p for p in rep.get("passes", []) if p["name"] == "export"), None)
+    c = (export or {}).get("extra", {}).get("decoding", {}).get("oos_curve")
+    if not c:
+        return None
+    plt, fig, ax = _figure()
+    pts = c["points"]
+    ax.plot([100 * p["oos_recall"] for p in pts], [100 * p["in_scope_acc"] for p in pts], "-", color="C0",
+            label=f"{c['score']} threshold swept (AUROC {c['auroc']:.3f})")
+    ch = c["chosen"]
+    ax.plot([100 * ch["oos_recall"]], [100 * ch["in_scope_acc"]], "o", color="C3", markersize=8,
+            label=f"shipped: {100 * ch['in_scope_acc']:.1f}% in-scope, {100 * ch['oos_recall']:.1f}% recall")
+    ax.set_xlabel("out-of-scope recall (%)")
+    ax.set_ylabel("in-scope accuracy (%)")
+    ax.set_title(f"Out-of-scope rejection, {rep['dataset']['name']} {c['split']} ({c['model']} model)")
+    ax.legend(loc="lower left")
+    return _save(plt, fig, path)
+
+
+MODEL_STAGES = ("teacher", "trim_vocab", "prune", "distill", "quantize")
+
+
+def stages(rep: dict, path: Path) -> Path | None:
+    """Size against accuracy, one point per model stage (teacher → trim → prune → distill → quantize) and the
+    package as shipped, on a log size axis. With out-of-scope data the y axis is in-scope accuracy (stage rows
+    score the model with rejection off, so their overall accuracy counts every out-of-scope utterance wrong)."""
+    rows = [r for r in rep.get("stages", []) if r["name"] in MODEL_STAGES and r.get("size_bytes")]
+    if len(rows) < 2:
+        return None
+    key = "in_scope_acc" if any(r.get("in_scope_acc") is not None for r in rows) else "intent_acc"
+    label = "in-scope accuracy" if key == "in_scope_acc" else "intent accuracy"
+    plt, fig, ax = _figure()
+    x = [r["size_bytes"] / 1e6 for r in rows]
+    ax.plot(x, [100 * r[key] for r in rows], "-o", color="C0", label=label)
+    for r, xi in zip(rows, x):
+        ax.annotate(r["name"], (xi, 100 * r[key]), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    if any(r.get("slot_f1") is not None for r in rows):
+        ax.plot(x, [100 * r["slot_f1"] for r in rows], "-s", color="C1", label="slot F1")
+    pkg = next((r for r in rep["stages"] if r["name"] == "package" and r.get("size_bytes")), None)
+    if pkg and pkg.get(key) is not None:
+        ax.plot([pkg["size_bytes"] / 1e6], [100 * pkg[key]], "*", color="C3", markersize=13,
+                label=f"package as shipped ({pkg.get('runtime', '')}, rejection on)")
+    ax.set_xscale("log")
+    ticks = [t for t in (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500) if min(x) / 2 <= t <= max(x) * 2]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.set_xlabel("size (MB, log scale)")
+    ax.set_ylabel("test score (%)")
+    ax.set_title(f"Size against accuracy by stage, {rep['dataset']['name']} → {rep['target']}")
+    ax.legend(loc="center left")
+    return _save(plt, fig, path)
+
+
+def write_plots(rep: dict, out: Path) -> dict[str, str]:
+    """Every plot the report can draw, written into `out`; returns {kind: file name} for report.md to link."""
+    done = {}
+    for kind, fn in (("oos", oos_curve), ("stages", stages)):
+        if fn(rep, out / PLOTS[kind]) is not None:
+            done[kind] = PLOTS[kind]
+    return done

