@@ -110,8 +110,13 @@ def predict(
     allow_intents: Optional[str] = typer.Option(None, help="Comma-separated intents the answer may take "
                                                 "(fills the graph's intent_mask; default: all)."),
     no_reject: bool = typer.Option(False, "--no-reject", help="Turn out-of-scope rejection off."),
+    fallback: Optional[str] = typer.Option(None, help="An `edgekit serve` URL asked when the device is unsure "
+                                           "(confidence below the manifest's cascade.threshold, or --escalate-below)."),
+    escalate_below: Optional[float] = typer.Option(None, help="With --fallback: the confidence below which the "
+                                                   "server answers."),
 ):
-    """Answer one utterance with a package: JSON with intent, confidence and slots."""
+    """Answer one utterance with a package: JSON with intent, confidence and slots (with --fallback, also
+    `escalated`, and `fallback` when the server could not answer in time)."""
     from edgekit.runtime import Package, PackageError, Predictor
 
     try:
@@ -119,9 +124,11 @@ def predict(
     except PackageError as e:
         raise EdgekitError(str(e)) from None
     try:
-        pred = Predictor.open(pkg, _runtime(runtime, package))
+        pred = Predictor.open(pkg, _runtime(runtime, package), fallback_url=fallback, escalate_below=escalate_below)
     except PackageError as e:
         raise EdgekitError(str(e)) from None
+    except ValueError as e:
+        raise EdgekitError(f"--fallback: {e}") from None
     try:
         result = pred.predict(text, allow_intents=_names(allow_intents), reject=not no_reject)
     except ValueError as e:
@@ -340,6 +347,90 @@ def verify(
 
 
 @app.command()
+def compare(
+    device: Path = typer.Argument(..., help="The device package (e.g. an android build)."),
+    server: str = typer.Argument(..., help="A server package folder (started here with edgekit serve, stopped "
+                                 "after) or the URL of a running edgekit serve on this machine."),
+    data: Path = typer.Option(..., "--data", help="The dataset both were built on: dev calibrates the cascade, "
+                              "test is measured."),
+    out: Path = typer.Option(Path("compare"), help="Folder for compare.json and the plots."),
+    n: int = typer.Option(300, help="Test utterances timed one by one on each side."),
+    load_seconds: float = typer.Option(20.0, help="Length of the `high` load test against the server."),
+    record: bool = typer.Option(True, help="Write the chosen cascade threshold into the device manifest."),
+):
+    """Device and server side by side on the same utterances: size, accuracy, latency (device in process;
+    server over loopback HTTP, alone and under load; plus modeled network round trips), and the device-first
+    cascade with its threshold chosen on dev."""
+    from rich.console import Console
+
+    from edgekit import compare as cmp
+    from edgekit.runtime import Package, PackageError
+
+    try:
+        Package.load(device)
+        if not server.startswith(("http://", "https://")):
+            Package.load(server)
+    except PackageError as e:
+        raise EdgekitError(str(e)) from None
+    try:
+        cfg = cmp.CompareConfig(latency_n=n, load_seconds=load_seconds)
+    except ValueError as e:
+        raise EdgekitError(f"compare: {e}") from None
+    res = cmp.compare(device, server, str(data), cfg, log=lambda m: typer.echo(m, err=True))
+    Console(width=max(120, Console().width)).print(cmp.table(res))
+    c = res["cascade"]
+    typer.echo(f"cascade: τ {c['threshold']:.4f} chosen on dev (fewest escalations within {c['max_gap_pts']:g} pt "
+               f"of the server alone); test: {100 * c['test']['escalation']:.1f}% escalated")
+    if record:
+        digest = cmp.record_threshold(device, c["threshold"])
+        typer.echo(f"recorded cascade.threshold in {device}/manifest.json; new package digest sha256:{digest}")
+    plots = cmp.write(res, out)
+    typer.echo(f"written: {out / 'compare.json'}, " + ", ".join(str(out / p) for p in plots.values()))
+
+
+@app.command(name="profile")
+def profile_(
+    package: Path = typer.Argument(..., help="Package folder written by `edgekit build`."),
+    data: Path = typer.Option(..., "--data", help="Dataset whose test utterances are run."),
+    runtime: Optional[str] = typer.Option(None, help="executorch or onnx (default: the package's primary)."),
+    n: int = typer.Option(200, help="Test utterances profiled (after 20 warm-up runs)."),
+    threads: int = typer.Option(1, help="Runtime threads."),
+    out: Path = typer.Option(Path("profile.json"), help="Where the hotspot table is written (JSON)."),
+):
+    """Per-op time of a package on its runtime: a hotspot table (op, runs per call, ms per call, share), saved in
+    profile.json, and its top 10 added to the package's report.md."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from edgekit.data import load_dataset
+    from edgekit.io import write_json, write_text
+    from edgekit.profile import profile
+    from edgekit.report import render_markdown
+
+    if n < 1 or threads < 1:
+        raise EdgekitError("--n and --threads must be >= 1")
+    texts = [ex.text for ex in load_dataset(data).splits["test"]][:n]
+    res = profile(package, texts, _runtime(runtime, package) if runtime else None, threads)
+    t = Table(title=f"{package} on {res['runtime']}: {res['ms_per_run']:.3f} ms per call under the profiler; "
+                    f"ops explain {100 * res['covered']:.0f}% of it")
+    for col in ("op", "per call", "ms per call", "share"):
+        t.add_column(col, justify="left" if col == "op" else "right")
+    for r in res["rows"]:
+        t.add_row(r["op"], f"{r['count']:g}", f"{r['ms_per_run']:.4f}", f"{100 * r['share']:.1f}%")
+    Console().print(t)
+    if res["note"]:
+        typer.echo(f"note: {res['note']}", err=True)
+    write_json(out, res)
+    rep_path = package / "report.json"
+    if rep_path.is_file():  # the top 10 into the report (report.md is rendered from report.json)
+        rep = json.loads(rep_path.read_text())
+        rep["profile"] = {k: v for k, v in res.items() if k != "rows"} | {"rows": res["rows"][:10]}
+        write_json(rep_path, rep)
+        write_text(package / "report.md", render_markdown(rep))
+    typer.echo(f"written: {out}" + (f"; top 10 in {package / 'report.md'}" if rep_path.is_file() else ""))
+
+
+@app.command()
 def doctor(
     package: Optional[Path] = typer.Argument(None, help="A package folder to verify as well."),
 ):
@@ -359,6 +450,9 @@ def doctor(
     for c in checks:
         table.add_row(c.name, f"[{style[c.status]}]{c.status}[/]", c.detail, c.fix)
     Console(width=max(100, Console().width)).print(table)
+    for c in checks:  # whole lines a user can copy (a table cell may wrap a command)
+        if c.status in (dr.FAIL, dr.WARN) and c.fix:
+            typer.echo(f"{c.status} {c.name}: {c.detail}. Fix: {c.fix}", err=True)
     bad = dr.failed(checks)
     if bad:
         typer.echo(f"{len(bad)} required check(s) failed: {', '.join(c.name for c in bad)}", err=True)

@@ -87,6 +87,59 @@ def stages(rep: dict, path: Path) -> Path | None:
     return _save(plt, fig, path)
 
 
+def latency_cdf(res: dict, path: Path) -> Path:
+    """`edgekit compare`: the share of utterances answered within x ms, device against server (measured), and
+    the server shifted by each modeled round trip (dashed)."""
+    import numpy as np
+
+    plt, fig, ax = _figure()
+    d, s = res["device"], res["server"]
+    for label, ms, style in ((f"device ({d['runtime']}, {d['threads']} thread), measured", d["times_ms"], "-"),
+                             ("server, one at a time over loopback HTTP, measured", s["times_ms"], "-")):
+        x = np.sort(ms)
+        ax.plot(x, 100 * np.arange(1, len(x) + 1) / len(x), style, label=label)
+    for k, (name, rtt) in enumerate(res["network"]["rtt_ms"].items()):
+        x = np.sort(s["times_ms"]) + rtt
+        ax.plot(x, 100 * np.arange(1, len(x) + 1) / len(x), "--", color=f"C{k + 2}",
+                label=f"server + {name} round trip {rtt:g} ms (modeled)")
+    ax.set_xscale("log")
+    ax.set_xlabel("latency per utterance (ms, log scale)")
+    ax.set_ylabel("utterances answered within (%)")
+    ax.set_title("Latency, device against server (test split)")
+    ax.legend(loc="lower right", fontsize=8)
+    return _save(plt, fig, path)
+
+
+def cascade_plot(res: dict, path: Path) -> Path:
+    """`edgekit compare`: cascade accuracy and expected latency against the escalation rate (test), with the
+    threshold chosen on dev marked and the device and server alone as reference lines."""
+    plt, fig, ax = _figure()
+    c = res["cascade"]
+    pts = c["test_curve"]
+    x = [100 * p["escalation"] for p in pts]
+    ax.plot(x, [100 * p["accuracy"] for p in pts], "-", color="C0", label="cascade accuracy (intent)")
+    ax.axhline(100 * res["device"]["accuracy"]["test"]["intent_acc"], color="C0", ls=":", label="device alone")
+    ax.axhline(100 * res["server"]["accuracy"]["test"]["intent_acc"], color="C1", ls=":", label="server alone")
+    ch = c["test"]
+    ax.plot([100 * ch["escalation"]], [100 * ch["accuracy"]["intent_acc"]], "o", color="C3", markersize=8,
+            label=f"τ = {c['threshold']:.3f} (chosen on dev): {100 * ch['escalation']:.1f}% escalated")
+    ax.set_xlabel("utterances escalated to the server (%)")
+    ax.set_ylabel("test intent accuracy (%)")
+    ax.set_xlim(0, min(100.0, max(10.0, 5 * 100 * ch["escalation"])))  # the trade-off sits at low escalation
+    lo = min(100 * res["device"]["accuracy"]["test"]["intent_acc"], 100 * ch["accuracy"]["intent_acc"]) - 1
+    ax.set_ylim(lo, 100.2)
+    ax2 = ax.twinx()
+    for k, name in enumerate(res["network"]["rtt_ms"]):
+        ax2.plot(x, [p["expected_ms"][name] for p in pts], "--", color=f"C{k + 4}",
+                 label=f"expected latency, {name} (modeled RTT)")
+    ax2.set_ylabel("expected latency (ms)")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="center right", fontsize=7)
+    ax.set_title("Device-first cascade (test split)")
+    return _save(plt, fig, path)
+
+
 def write_plots(rep: dict, out: Path) -> dict[str, str]:
     """Every plot the report can draw, written into `out`; returns {kind: file name} for report.md to link."""
     done = {}

@@ -78,6 +78,7 @@ def render_markdown(rep: dict) -> str:
                              f"{_pct(e['metrics'].get('slot_f1'))} |")
     lines += _fusion(next((p for p in rep.get("passes", []) if p["name"] == "fuse"), None))
     lines += _decoding(export, rep)
+    lines += _profile(rep.get("profile"))
     if rep.get("package"):
         pk = rep["package"]
         lines += ["", "## Package", "",
@@ -319,3 +320,16 @@ def _decoding(export: dict | None, rep: dict) -> list[str]:
     lines += ["", "Argmax: the same model exported without the decoding graph. The stage rows above score the graph "
               "with rejection off (the model's own answers); the package row scores it as shipped (rejection on)."]
     return lines
+
+
+def _profile(p: dict | None) -> list[str]:
+    """`edgekit profile`'s top 10 ops, when it was run on this package."""
+    if not p:
+        return []
+    lines = ["", f"## Hotspots ({p['runtime']}, `edgekit profile`)", "",
+             f"{p['runs']} test utterances, {p['threads']} thread(s): {p['ms_per_run']:.3f} ms per call under the "
+             f"profiler; the ops explain {100 * p['covered']:.0f}% of it (the rest is the session's work between "
+             "nodes). Share: of the ops' summed time." + (f" {p['note']}." if p.get("note") else ""), "",
+             "| op | runs per call | ms per call | share |", "|---|---:|---:|---:|"]
+    return lines + [f"| {r['op']} | {r['count']:g} | {r['ms_per_run']:.4f} | {100 * r['share']:.1f}% |"
+                    for r in p["rows"]]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,7 +71,17 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
     L = m.get("max_len")
     if not isinstance(L, int) or isinstance(L, bool) or not 8 <= L <= 512:
         raise PackageError(f"{where}: max_len: expected a whole number in 8..512, got {L!r}")
+    cas = m.get("cascade")
+    if cas is not None:
+        tau, t = (cas.get("threshold"), cas.get("timeout_s")) if isinstance(cas, dict) else ("?", "?")
+        if not (tau is None or (_number(tau) and 0 <= tau <= 1)) or not (_number(t) and t > 0):
+            raise PackageError(f"{where}: cascade: expected {{\"threshold\": null or a confidence in [0, 1], "
+                               f"\"timeout_s\": seconds > 0}}, got {cas!r}")
     return m
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.runtime.backends import BACKENDS, open_backend
+from edgekit.runtime.cascade import DEFAULT_TIMEOUT_S, Fallback
 from edgekit.runtime.decode import decode
 from edgekit.runtime.package import Package, PackageError
 from edgekit.runtime.tokenizer import Encoding, SentencePieceTokenizer, WordPieceTokenizer
@@ -66,17 +67,24 @@ def _has(provider: str) -> bool:
 class Predictor:
     """`Predictor.open("build/snips-android").predict("play queen")` -> {"intent", "confidence", "slots"}."""
 
-    def __init__(self, backend, tokenizer, labels: dict, max_len: int, decoding: bool = False, batched: bool = False):
+    def __init__(self, backend, tokenizer, labels: dict, max_len: int, decoding: bool = False, batched: bool = False,
+                 fallback: Fallback | None = None):
         self.backend, self.tokenizer, self.labels, self.max_len = backend, tokenizer, labels, max_len
         self.decoding = decoding  # the graph decodes (intent mask, rejection, Viterbi) and returns final ids
         self.batched = batched  # the graph has a dynamic batch axis (server profiles)
+        self.fallback = fallback  # device first, a server when unsure (runtime/cascade.py)
 
     @classmethod
     def open(cls, package: str | Path | Package, runtime: str = "executorch", threads: int = 1,
-             providers: list[str] | None = None, digest: str | None = None) -> "Predictor":
+             providers: list[str] | None = None, digest: str | None = None, fallback_url: str | None = None,
+             escalate_below: float | None = None, fallback_timeout_s: float | None = None) -> "Predictor":
         """Load a package folder for one runtime (`executorch` or `onnx`). providers: ONNX Runtime execution
         providers by short name, in order (default: the package's, else CPU); `provider` says which runs.
-        digest: the sha256 of the manifest the app was tested with; any other package is refused."""
+        digest: the sha256 of the manifest the app was tested with; any other package is refused.
+        fallback_url: an `edgekit serve` server that answers when the device's confidence is below
+        `escalate_below` (default: the manifest's `cascade.threshold`) within `fallback_timeout_s` (default:
+        the manifest's `cascade.timeout_s`); answers then carry `escalated` (and `fallback` when the server
+        could not answer)."""
         pkg = package if isinstance(package, Package) else Package.load(package, digest=digest)
         if digest is not None and pkg.digest != digest.removeprefix("sha256:").lower():
             raise PackageError(f"{pkg.root}: package digest sha256:{pkg.digest} is not the pinned {digest}")
@@ -90,9 +98,18 @@ class Predictor:
                     "n_intents": len(pkg.labels["intents"])}
             if names[0] == "tensorrt" and pkg.manifest.get("tensorrt_model") and _has("TensorrtExecutionProvider"):
                 path = pkg.root / pkg.manifest["tensorrt_model"]  # TensorRT parses the unfused FP32 graph
+        fallback = None
+        if fallback_url is not None:
+            cas = pkg.manifest.get("cascade") or {}
+            tau = escalate_below if escalate_below is not None else cas.get("threshold")
+            if tau is None:
+                raise ValueError(f"{pkg.root}: the manifest has no cascade.threshold (edgekit compare DEVICE SERVER "
+                                 "--data DATA calibrates one); pass escalate_below=")
+            fallback = Fallback(fallback_url, float(tau), float(fallback_timeout_s or cas.get("timeout_s")
+                                                                or DEFAULT_TIMEOUT_S))
         backend = open_backend(runtime, path, threads, pkg.buckets(runtime), **onnx)
         return cls(backend, load_tokenizer(pkg), pkg.labels, pkg.max_len, bool(pkg.manifest.get("decoding")),
-                   pkg.batched)
+                   pkg.batched, fallback)
 
     @property
     def provider(self) -> str:
@@ -127,10 +144,12 @@ class Predictor:
     def predict(self, text: str, warn: bool = True, allow_intents: list[str] | None = None,
                 reject: bool = True) -> dict:
         """Answer one utterance. allow_intents restricts the answer to those intents (the confidence is
-        renormalised over them); reject=False turns out-of-scope rejection off."""
+        renormalised over them); reject=False turns out-of-scope rejection off. With a fallback server, an unsure
+        answer is escalated (see `open`)."""
         enc = self.encode(text, warn)
         out = self.run(enc, self.intent_mask(allow_intents), reject)
-        return decode(text, enc, out, self.labels, self.decoding)
+        ans = decode(text, enc, out, self.labels, self.decoding)
+        return self.fallback.answer(ans, text, allow_intents, reject) if self.fallback else ans
 
     def predict_batch(self, texts: list[str], allow_intents: list[list[str] | None] | None = None,
                       reject: list[bool] | bool = True, warn: bool = False) -> list[dict]:

@@ -209,6 +209,31 @@ def test_out_of_scope_data_gets_a_calibrated_threshold_and_a_curve(tmp_path, tin
     assert (out / "oos_curve.png").read_bytes()[:4] == b"\x89PNG" and Package.load(out).strays() == []
 
 
+def test_profile_lists_op_times_and_adds_the_top_10_to_the_report(built, tmp_path):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from edgekit.cli import app
+
+    pkg = tmp_path / "pkg"
+    shutil.copytree(built[0], pkg)
+    r = CliRunner().invoke(app, ["profile", str(pkg), "--data", str(DEMO), "--n", "30", "--out",
+                                 str(tmp_path / "profile.json")])
+    assert r.exit_code == 0, r.output
+    res = json.loads((tmp_path / "profile.json").read_text())
+    # the PyPI ExecuTorch wheel writes no ETDump: the package's ONNX model is profiled, and the note says so
+    assert res["runtime"] == "onnx" and "event tracer" in res["note"]
+    rows = res["rows"]
+    assert len(rows) >= 5 and all(r["ms_per_run"] > 0 and r["count"] > 0 for r in rows)
+    assert sum(r["share"] for r in rows) == pytest.approx(1.0)
+    assert [r["ms_per_run"] for r in rows] == sorted((r["ms_per_run"] for r in rows), reverse=True)
+    assert 0.3 < res["covered"] <= 1.0  # the ops explain most of a call; never more than all of it
+    md = (pkg / "report.md").read_text()
+    assert "## Hotspots (onnx" in md and md.count("| " + rows[0]["op"] + " |") >= 1
+    assert Package.load(pkg).strays() == []
+
+
 def test_quantized_build_reuses_the_teacher_and_rebuilds_int8_from_its_record(built, tiny_bert, tmp_path):
     out = tmp_path / "int8"
     stages = ["teacher", "quantize", "export", "fuse", "package"]

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from edgekit.build import BuildConfig, build
@@ -157,6 +158,99 @@ def test_metrics_and_burst_load(server):
     after = lt.parse_metrics(call(server.port, "GET", "/metrics")[1])
     assert any(k.startswith("edgekit_latency_seconds{") and 'quantile="0.99"' in k for k in after)
     assert sum(v for k, v in after.items() if k.startswith("edgekit_queue_seconds_count")) > 200
+
+
+def test_fallback_escalates_below_the_threshold_to_the_real_server(server, package):
+    alone = Predictor.open(package, "onnx")
+    conf = [alone.predict(t)["confidence"] for t in TEXTS[:24]]
+    tau = float(np.median(conf))
+    cascade = Predictor.open(package, "onnx", fallback_url=server.url, escalate_below=tau)
+    escalated = 0
+    for text, c in zip(TEXTS[:24], conf):
+        got = cascade.predict(text)
+        assert got["escalated"] == (c < tau) and "fallback" not in got
+        if got["escalated"]:  # the server's answer, with the device's beside it
+            escalated += 1
+            want = json.loads(call(server.port, "POST", "/predict", {"text": text})[1])
+            assert got["intent"] == want["intent"] and got["device"]["confidence"] == pytest.approx(c)
+    assert 0 < escalated < 24
+
+
+def test_fallback_to_a_stopped_server_keeps_the_device_answer(package):
+    port = free_port()  # nothing listens there
+    alone = Predictor.open(package, "onnx")
+    cascade = Predictor.open(package, "onnx", fallback_url=f"http://127.0.0.1:{port}", escalate_below=1.0,
+                             fallback_timeout_s=0.3)
+    for text in TEXTS[:5]:
+        t0 = time.perf_counter()
+        got = cascade.predict(text)
+        assert time.perf_counter() - t0 < 0.3
+        assert got == alone.predict(text) | {"escalated": False, "fallback": "unreachable"}
+
+
+def test_fallback_to_a_slow_server_answers_within_the_timeout(package):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self):
+            time.sleep(2.0)  # far past the timeout
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"intent": "late", "confidence": 1.0, "slots": []}')
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        timeout = 0.25
+        alone = Predictor.open(package, "onnx")
+        cascade = Predictor.open(package, "onnx", fallback_url=f"http://127.0.0.1:{httpd.server_port}",
+                                 escalate_below=1.0, fallback_timeout_s=timeout)
+        for text in TEXTS[:3]:
+            t0 = time.perf_counter()
+            got = cascade.predict(text)
+            elapsed = time.perf_counter() - t0
+            assert got == alone.predict(text) | {"escalated": False, "fallback": "unreachable"}
+            assert timeout <= elapsed < timeout + 0.05, elapsed
+    finally:
+        httpd.shutdown()
+
+
+def test_compare_starts_the_server_measures_both_and_records_the_threshold(package, tmp_path):
+    import shutil
+
+    from edgekit.runtime import Package
+
+    device = tmp_path / "device"
+    shutil.copytree(package, device)
+    out = tmp_path / "cmp"
+    r = subprocess.run([sys.executable, "-m", "edgekit.cli", "compare", str(device), str(package), "--data", str(DEMO),
+                        "--out", str(out), "--n", "20", "--load-seconds", "2"], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    res = json.loads((out / "compare.json").read_text())
+    for side in ("device", "server"):
+        lat = res[side]["latency_ms"]
+        assert lat["n"] == 20 and 0 < lat["p50"] <= lat["p90"] <= lat["p99"]
+        assert 0 <= res[side]["accuracy"]["test"]["intent_acc"] <= 1
+    assert res["server"]["load"]["requests"] > 0 and res["server"]["load"]["errors"] == 0
+    c = res["cascade"]
+    assert c["chosen_on"] == "dev" and 0 <= c["test"]["escalation"] <= 1
+    assert c["dev"]["accuracy"] >= c["dev"]["server_accuracy"] - 0.001 - 1e-9
+    assert Package.load(device).manifest["cascade"]["threshold"] == pytest.approx(c["threshold"], abs=1e-6)
+    assert Package.load(device).strays() == []  # the package still verifies, with a new digest
+    for png in res["plots"].values():
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert "device vs server" in r.stdout and "server, one at a time" in r.stdout and "cascade" in r.stdout
+    # the server it started is gone: its port no longer answers
+    import re
+
+    port = int(re.search(r"on 127\.0\.0\.1:(\d+)", r.stderr).group(1))
+    with pytest.raises(OSError):
+        call(port, "GET", "/healthz", timeout=5)
 
 
 def test_sigterm_stops_every_process_it_started(package):

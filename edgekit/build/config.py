@@ -114,9 +114,43 @@ class PackageSettings:
             raise ValueError(f"bench_utterances must be >= 1, got {self.bench_utterances}")
 
 
+@dataclass
+class NetworkSettings:
+    """Modeled round trips from the device to a server, for `edgekit compare` (device profiles state them, with
+    sources; nothing measures a phone's network here). rtt_ms: median round-trip time by network name.
+    p99_rtt_factor: the p99 column assumes the round trip's p99 is this multiple of its median."""
+
+    rtt_ms: dict[str, float] = field(default_factory=dict)
+    p99_rtt_factor: float = 3.0
+
+    def __post_init__(self):
+        for k, v in self.rtt_ms.items():
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"rtt_ms.{k} must be a number of milliseconds >= 0, got {v!r}")
+        if not (math.isfinite(self.p99_rtt_factor) and self.p99_rtt_factor >= 1):
+            raise ValueError(f"p99_rtt_factor must be >= 1, got {self.p99_rtt_factor}")
+
+
+@dataclass
+class CascadeSettings:
+    """Device first, server when unsure. timeout_s: how long the runtime waits for the server before it keeps
+    the device answer (copied into the manifest). max_gap_pts: `edgekit compare` picks the threshold with the
+    fewest escalations whose dev accuracy is within this many points of the server alone."""
+
+    timeout_s: float = 0.3
+    max_gap_pts: float = 0.1
+
+    def __post_init__(self):
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s}")
+        if not (math.isfinite(self.max_gap_pts) and self.max_gap_pts >= 0):
+            raise ValueError(f"max_gap_pts must be >= 0 points, got {self.max_gap_pts}")
+
+
 TABLES: dict[str, type] = {"teacher": TrainConfig, "compress": CompressConfig, "distill": DistillConfig,
                            "quantize": QuantizeConfig, "decoding": DecodingSettings, "budget": BudgetConfig,
-                           "package": PackageSettings, "server": ServerConfig, "serve": ServeSettings}
+                           "package": PackageSettings, "server": ServerConfig, "serve": ServeSettings,
+                           "network": NetworkSettings, "cascade": CascadeSettings}
 # The settings each stage reads ("*": the whole table): they, with the stage's input, make its cache key. A
 # setting a stage does not read is not in its key, so changing it reuses that stage.
 STAGE_SETTINGS = {
@@ -128,7 +162,7 @@ STAGE_SETTINGS = {
     "quantize": {"quantize": "*"},
     "export": {"decoding": "*", "quantize": "*", "server": ("batch",)},
     "fuse": {"server": "*"},
-    "package": {"package": ("bench_utterances",), "serve": "*"},
+    "package": {"package": ("bench_utterances",), "serve": "*", "cascade": ("timeout_s",)},
 }
 
 
@@ -143,6 +177,8 @@ class Settings:
     package: PackageSettings
     server: ServerConfig
     serve: ServeSettings
+    network: NetworkSettings
+    cascade: CascadeSettings
 
     def to_dict(self) -> dict:
         return {name: dataclasses.asdict(getattr(self, name)) for name in TABLES}

@@ -55,6 +55,9 @@ def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
         "primary_runtime": ctx.target.primary_runtime,
         # How `edgekit serve` runs it (providers in order, batching, replicas): the profile's [serve] table.
         **({"serve": dataclasses.asdict(ctx.settings.serve)} if ctx.settings.server.batch else {}),
+        # Device packages: when to ask a server (runtime/cascade.py); `edgekit compare` calibrates the threshold.
+        **({} if ctx.settings.server.batch else {"cascade": {"threshold": None,
+                                                             "timeout_s": ctx.settings.cascade.timeout_s}}),
         **({"tensorrt_model": TRT_FILE} if TRT_FILE in files else {}),
         "files": {f: {"sha256": sha256(ctx.work / f), "bytes": (ctx.work / f).stat().st_size} for f in files},
     }
