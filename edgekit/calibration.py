@@ -103,11 +103,19 @@ def best_threshold(score: np.ndarray, correct: np.ndarray, pred_oos: np.ndarray,
     accuracy stays within `max_drop` (a fraction) of its value without one; ties: the higher in-scope accuracy.
     None when no threshold helps (nothing refused beyond the oos class)."""
     floor = operating_point(score, correct, pred_oos, is_oos, -np.inf)["in_scope_acc"] - max_drop
-    best, tau = (-1.0, -1.0), None
-    for t in np.unique(score) if is_oos.any() else ():
-        f = operating_point(score, correct, pred_oos, is_oos, t)
-        if f["in_scope_acc"] >= floor - 1e-12 and (f["oos_recall"], f["in_scope_acc"]) > best:
-            best, tau = (f["oos_recall"], f["in_scope_acc"]), float(t)
+    tau = None
+    if is_oos.any():
+        # Every distinct score as a threshold at once (sorted counts, not a pass over the data per threshold):
+        # in-scope rows kept right = those right, not answered oos, scoring >= t; out-of-scope rows refused =
+        # those answered oos plus the rest scoring < t.
+        ts = np.unique(score)
+        kept = np.sort(score[correct & ~pred_oos & ~is_oos])
+        missed = np.sort(score[is_oos & ~pred_oos])
+        acc = (len(kept) - np.searchsorted(kept, ts, "left")) / np.count_nonzero(~is_oos)
+        rec = (np.count_nonzero(is_oos & pred_oos) + np.searchsorted(missed, ts, "left")) / np.count_nonzero(is_oos)
+        ok = np.flatnonzero(acc >= floor - 1e-12)
+        if len(ok):  # the most recall, then the most accuracy, then the lowest threshold
+            tau = float(ts[ok[np.lexsort((ok, -acc[ok], -rec[ok]))[0]]])
     return tau, operating_point(score, correct, pred_oos, is_oos, -np.inf if tau is None else tau)
 
 

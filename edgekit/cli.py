@@ -117,16 +117,10 @@ def predict(
 ):
     """Answer one utterance with a package: JSON with intent, confidence and slots (with --fallback, also
     `escalated`, and `fallback` when the server could not answer in time)."""
-    from edgekit.runtime import Package, PackageError, Predictor
+    from edgekit.runtime import Predictor
 
-    try:
-        pkg = Package.load(package)
-    except PackageError as e:
-        raise EdgekitError(str(e)) from None
-    try:
-        pred = Predictor.open(pkg, _runtime(runtime, package), fallback_url=fallback, escalate_below=escalate_below)
-    except PackageError as e:
-        raise EdgekitError(str(e)) from None
+    try:  # a bad package is one `error:` line and exit 2 (main)
+        pred = Predictor.open(package, _runtime(runtime, package), fallback_url=fallback, escalate_below=escalate_below)
     except ValueError as e:
         raise EdgekitError(f"--fallback: {e}") from None
     try:
@@ -225,12 +219,9 @@ def serve(
     import threading
 
     from edgekit import serve as srv
-    from edgekit.runtime import Package, PackageError
+    from edgekit.runtime import Package
 
-    try:
-        pkg = Package.load(package)
-    except PackageError as e:
-        raise EdgekitError(str(e)) from None
+    pkg = Package.load(package)  # a bad package is one `error:` line and exit 2 (main)
     try:
         settings = srv.settings_of(pkg.manifest, replicas=replicas, autoscale=False if replicas else None,
                                    max_batch=max_batch, batch_wait_ms=batch_wait_ms, providers=_providers(provider),
@@ -339,10 +330,7 @@ def verify(
     pkg = Package.load(package, digest=digest)  # a failure is one `error:` line and exit 2 (main)
     for name, meta in pkg.manifest["files"].items():
         typer.echo(f"ok  {name}  sha256:{meta['sha256'][:16]}…  {meta['bytes']:,} bytes")
-    stray = pkg.strays()
-    if stray:
-        raise EdgekitError(f"{package}: stray file {stray[0]!r} is not listed in the manifest"
-                           + (f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""))
+    pkg.check_strays()
     typer.echo(f"package ok: digest sha256:{pkg.digest}" + (" (matches --digest)" if digest else ""))
 
 
@@ -364,28 +352,19 @@ def compare(
     from rich.console import Console
 
     from edgekit import compare as cmp
-    from edgekit.runtime import Package, PackageError
+    from edgekit.runtime import Package
 
-    try:
-        Package.load(device)
-        if not server.startswith(("http://", "https://")):
-            Package.load(server)
-    except PackageError as e:
-        raise EdgekitError(str(e)) from None
+    Package.load(device)  # both checked before anything starts (a bad one: main's `error:` line, exit 2)
+    if not server.startswith(("http://", "https://")):
+        Package.load(server)
     try:
         cfg = cmp.CompareConfig(latency_n=n, load_seconds=load_seconds)
     except ValueError as e:
         raise EdgekitError(f"compare: {e}") from None
     res = cmp.compare(device, server, str(data), cfg, log=lambda m: typer.echo(m, err=True))
     Console(width=max(120, Console().width)).print(cmp.table(res))
-    c = res["cascade"]
-    typer.echo(f"cascade: τ {c['threshold']:.4f} chosen on dev (fewest escalations within {c['max_gap_pts']:g} pt "
-               f"of the server alone); test: {100 * c['test']['escalation']:.1f}% escalated")
-    if record:
-        digest = cmp.record_threshold(device, c["threshold"])
-        typer.echo(f"recorded cascade.threshold in {device}/manifest.json; new package digest sha256:{digest}")
-    plots = cmp.write(res, out)
-    typer.echo(f"written: {out / 'compare.json'}, " + ", ".join(str(out / p) for p in plots.values()))
+    for line in cmp.finish(res, device, out, record):
+        typer.echo(line)
 
 
 @app.command(name="profile")
@@ -400,34 +379,21 @@ def profile_(
     """Per-op time of a package on its runtime: a hotspot table (op, runs per call, ms per call, share), saved in
     profile.json, and its top 10 added to the package's report.md."""
     from rich.console import Console
-    from rich.table import Table
 
+    from edgekit import profile as pf
     from edgekit.data import load_dataset
-    from edgekit.io import write_json, write_text
-    from edgekit.profile import profile
-    from edgekit.report import render_markdown
+    from edgekit.io import write_json
 
     if n < 1 or threads < 1:
         raise EdgekitError("--n and --threads must be >= 1")
     texts = [ex.text for ex in load_dataset(data).splits["test"]][:n]
-    res = profile(package, texts, _runtime(runtime, package) if runtime else None, threads)
-    t = Table(title=f"{package} on {res['runtime']}: {res['ms_per_run']:.3f} ms per call under the profiler; "
-                    f"ops explain {100 * res['covered']:.0f}% of it")
-    for col in ("op", "per call", "ms per call", "share"):
-        t.add_column(col, justify="left" if col == "op" else "right")
-    for r in res["rows"]:
-        t.add_row(r["op"], f"{r['count']:g}", f"{r['ms_per_run']:.4f}", f"{100 * r['share']:.1f}%")
-    Console().print(t)
+    res = pf.profile(package, texts, _runtime(runtime, package) if runtime else None, threads)
+    Console().print(pf.table(res, package))
     if res["note"]:
         typer.echo(f"note: {res['note']}", err=True)
     write_json(out, res)
-    rep_path = package / "report.json"
-    if rep_path.is_file():  # the top 10 into the report (report.md is rendered from report.json)
-        rep = json.loads(rep_path.read_text())
-        rep["profile"] = {k: v for k, v in res.items() if k != "rows"} | {"rows": res["rows"][:10]}
-        write_json(rep_path, rep)
-        write_text(package / "report.md", render_markdown(rep))
-    typer.echo(f"written: {out}" + (f"; top 10 in {package / 'report.md'}" if rep_path.is_file() else ""))
+    in_report = pf.add_to_report(package, res)
+    typer.echo(f"written: {out}" + (f"; top 10 in {package / 'report.md'}" if in_report else ""))
 
 
 @app.command()
@@ -438,21 +404,13 @@ def doctor(
     CPU features, disk and cache, the base model, and a package if given. Each problem comes with its fix; exit 1
     when something required is broken (docs/troubleshooting.md lists the errors users meet)."""
     from rich.console import Console
-    from rich.table import Table
 
     from edgekit import doctor as dr
 
     checks = dr.run(package)
-    table = Table(title="edgekit doctor", show_lines=False)
-    for col in ("check", "status", "found", "fix"):
-        table.add_column(col, overflow="fold")
-    style = {dr.OK: "green", dr.WARN: "yellow", dr.FAIL: "bold red", dr.INFO: "cyan"}
-    for c in checks:
-        table.add_row(c.name, f"[{style[c.status]}]{c.status}[/]", c.detail, c.fix)
-    Console(width=max(100, Console().width)).print(table)
-    for c in checks:  # whole lines a user can copy (a table cell may wrap a command)
-        if c.status in (dr.FAIL, dr.WARN) and c.fix:
-            typer.echo(f"{c.status} {c.name}: {c.detail}. Fix: {c.fix}", err=True)
+    Console(width=max(100, Console().width)).print(dr.table(checks))
+    for line in dr.fix_lines(checks):  # whole lines a user can copy (a table cell may wrap a command)
+        typer.echo(line, err=True)
     bad = dr.failed(checks)
     if bad:
         typer.echo(f"{len(bad)} required check(s) failed: {', '.join(c.name for c in bad)}", err=True)

@@ -338,3 +338,16 @@ def write(res: dict, out: Path) -> dict[str, str]:
     res["plots"] = plots
     write_json(out / "compare.json", res)
     return plots
+
+
+def finish(res: dict, device: Path, out: Path, record: bool) -> list[str]:
+    """After the table: the threshold written into the device manifest (when `record`), compare.json and the
+    plots written; returns the lines to print."""
+    c = res["cascade"]
+    lines = [f"cascade: τ {c['threshold']:.4f} chosen on dev (fewest escalations within {c['max_gap_pts']:g} pt of "
+             f"the server alone); test: {100 * c['test']['escalation']:.1f}% escalated"]
+    if record:
+        digest = record_threshold(device, c["threshold"])
+        lines.append(f"recorded cascade.threshold in {device}/manifest.json; new package digest sha256:{digest}")
+    plots = write(res, out)
+    return lines + [f"written: {out / 'compare.json'}, " + ", ".join(str(out / p) for p in plots.values())]

@@ -161,9 +161,7 @@ def package(path: Path) -> Check:
 
     try:
         pkg = Package.load(path)
-        stray = pkg.strays()
-        if stray:
-            raise PackageError(f"{path}: stray file {stray[0]!r} is not listed in the manifest")
+        pkg.check_strays()
     except PackageError as e:
         return Check("package", FAIL, str(e), "rebuild it with edgekit build, or copy it again from the build "
                      "machine; edgekit verify PKG lists every file", True)
@@ -179,3 +177,21 @@ def run(pkg: Path | None = None) -> list[Check]:
 
 def failed(checks: list[Check]) -> list[Check]:
     return [c for c in checks if c.required and c.status == FAIL]
+
+
+def table(checks: list[Check]):
+    """The checks as a rich table: check, status, what was found, the fix."""
+    from rich.table import Table
+
+    t = Table(title="edgekit doctor")
+    for col in ("check", "status", "found", "fix"):
+        t.add_column(col, overflow="fold")
+    style = {OK: "green", WARN: "yellow", FAIL: "bold red", INFO: "cyan"}
+    for c in checks:
+        t.add_row(c.name, f"[{style[c.status]}]{c.status}[/]", c.detail, c.fix)
+    return t
+
+
+def fix_lines(checks: list[Check]) -> list[str]:
+    """One whole line per problem with its fix."""
+    return [f"{c.status} {c.name}: {c.detail}. Fix: {c.fix}" for c in checks if c.status in (FAIL, WARN) and c.fix]

@@ -95,3 +95,31 @@ def profile(package: Path, texts: list[str], runtime: str | None = None, threads
     inputs = [pred.inputs(pred.tokenizer.encode(t, pkg.max_len)) for t in texts]
     res = profile_onnx(pkg.model_path("onnx"), inputs, threads)
     return {"package": str(package), "runtime": runtime, "threads": threads, "note": note} | res
+
+
+def table(res: dict, package: Path):
+    """The hotspot table (rich): op, runs per call, ms per call, share."""
+    from rich.table import Table
+
+    t = Table(title=f"{package} on {res['runtime']}: {res['ms_per_run']:.3f} ms per call under the profiler; "
+                    f"ops explain {100 * res['covered']:.0f}% of it")
+    for col in ("op", "per call", "ms per call", "share"):
+        t.add_column(col, justify="left" if col == "op" else "right")
+    for r in res["rows"]:
+        t.add_row(r["op"], f"{r['count']:g}", f"{r['ms_per_run']:.4f}", f"{100 * r['share']:.1f}%")
+    return t
+
+
+def add_to_report(package: Path, res: dict) -> bool:
+    """The top 10 into the package's report.json, and report.md rendered again from it; False without a report."""
+    from edgekit.io import write_json, write_text
+    from edgekit.report import render_markdown
+
+    path = Path(package) / "report.json"
+    if not path.is_file():
+        return False
+    rep = json.loads(path.read_text())
+    rep["profile"] = {k: v for k, v in res.items() if k != "rows"} | {"rows": res["rows"][:10]}
+    write_json(path, rep)
+    write_text(Path(package) / "report.md", render_markdown(rep))
+    return True

@@ -11,11 +11,10 @@ Standard library only (urllib): the runtime stands for the phone and stays light
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
-import socket
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
@@ -56,8 +55,8 @@ class Fallback:
             if time.monotonic() > deadline:
                 return None
             ans = json.loads(data)
-        except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError, OSError, ValueError):
-            return None
+        except (OSError, http.client.HTTPException, ValueError):  # URLError and timeouts are OSErrors; a reply
+            return None  # that is not HTTP raises HTTPException, one that is not JSON ValueError
         if not isinstance(ans, dict) or not isinstance(ans.get("intent"), str):
             return None
         return ans

