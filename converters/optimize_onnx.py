@@ -159,6 +159,7 @@ def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inp
         onnx.save(model, str(tmp))
     prep = Path(dst).with_suffix(".prep.onnx")
     opt = _quiet(optimize_model, str(prep), model_type="bert", num_heads=0, hidden_size=0, opt_level=0)
+    _keep_inputs(opt.model, model)
     fused = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
     fully = bool(_quiet(opt.is_fully_optimized))
     extra = {"rewrites": rewrites, "fused": fused, "fully_optimized": fully, "precision": cfg.precision}
@@ -188,6 +189,15 @@ def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inp
         rec.warnings.append(f"{cfg.precision} answers agree with FP32 on {100 * extra['agreement']:.2f}% of "
                             f"{extra['checked']} test utterances (< {100 * cfg.min_agreement:.1f}%)")
     return rec
+
+
+def _keep_inputs(opt, original) -> None:
+    """Put back graph inputs the optimizer pruned as unused (word_pos when the data has no slots): every package
+    graph takes the manifest's inputs, in its order, so a client feeds all of them whatever the data."""
+    have = {i.name: i for i in opt.graph.input}
+    inputs = [have.get(i.name, i) for i in original.graph.input]
+    del opt.graph.input[:]
+    opt.graph.input.extend(inputs)
 
 
 def _int8(path: Path, cfg: ServerConfig, calib: list[list[np.ndarray]], keep_fp32: list[str]) -> dict:

@@ -118,3 +118,25 @@ def test_cli_predicts_with_the_package_runtime_and_refuses_a_missing_one(server_
     bad = subprocess.run(cmd + ["--runtime", "executorch"], capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().splitlines()[-1].startswith("error:") and "no model for runtime" in bad.stderr
+
+
+def test_intent_only_data_builds_a_server_package_whose_graph_takes_every_manifest_input(tmp_path, tiny_bert):
+    """CLINC150 on server-cpu failed in static INT8 calibration ("Invalid rank for input: reject"): with no slots
+    the optimizer pruned the unused word_pos input, so inputs fed by the manifest's order landed one place off."""
+    import onnxruntime as ort
+
+    rows = [json.loads(line) for line in DEMO.read_text().splitlines()]
+    data = tmp_path / "intents.csv"
+    data.write_text("text,label\n" + "".join(f'"{r["text"]}",{r["intent"]}\n' for r in rows))
+    out = tmp_path / "pkg"
+    build(BuildConfig(data=str(data), out=str(out), base_model=str(tiny_bert), target="server-cpu", stages=STAGES,
+                      settings={**SETTINGS, "package": {"bench_utterances": 0}}))
+    man = json.loads((out / "manifest.json").read_text())
+    graph = [i.name for i in ort.InferenceSession(str(out / man["models"]["onnx"])).get_inputs()]
+    assert graph == [i["name"] for i in man["inputs"]] and "word_pos" in graph
+    answers = Predictor.open(out, "onnx").predict_batch([r["text"] for r in rows[:8]])
+    assert all(a["intent"] in man_intents(out) + ["oos"] and a["slots"] == [] for a in answers)
+
+
+def man_intents(out) -> list[str]:
+    return json.loads((out / "labels.json").read_text())["intents"]
