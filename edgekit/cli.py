@@ -48,7 +48,8 @@ def build(
     target: Annotated[str, typer.Option(help="Device profile: android, ios, server-gpu (devices/*.toml), or a path "
                                         "to your own .toml profile.")] = "android",
     task: Annotated[str, typer.Option(help="Task (intent: intent + slots when the data has slots).")] = "intent",
-    format: Annotated[Optional[str], typer.Option(help="Force the data format: jointbert|clinc|csv|jsonl.")] = None,
+    format: Annotated[Optional[str], typer.Option(help="Force the data format: jointbert|clinc|csv|jsonl|split-files "
+                                                  "(docs/data-formats.md).")] = None,
     base_model: Annotated[Optional[Path], typer.Option(help="Local BERT-family folder (default: all-MiniLM-L6-v2).")]
     = None,
     config: Annotated[Optional[Path], typer.Option(help="A build.toml with the same tables as a profile.")] = None,
@@ -118,6 +119,7 @@ def predict(
     """Answer one utterance with a package: JSON with intent, confidence and slots (with --fallback, also
     `escalated`, and `fallback` when the server could not answer in time)."""
     from edgekit.runtime import Predictor
+    from edgekit.runtime.tokenizer import InputError
 
     try:  # a bad package is one `error:` line and exit 2 (main)
         pred = Predictor.open(package, _runtime(runtime, package), fallback_url=fallback, escalate_below=escalate_below)
@@ -125,6 +127,8 @@ def predict(
         raise EdgekitError(f"--fallback: {e}") from None
     try:
         result = pred.predict(text, allow_intents=_names(allow_intents), reject=not no_reject)
+    except InputError as e:  # e.g. bytes that are not UTF-8 on the command line
+        raise EdgekitError(f"text: {e}") from None
     except ValueError as e:
         raise EdgekitError(f"--allow-intents: {e}") from None
     if not tags:

@@ -1,39 +1,23 @@
-"""Datasets: parse JointBERT folders, CLINC150 JSON, CSV and JSONL into one word-level form.
+"""Datasets: JointBERT folders, CLINC150 JSON, CSV, JSONL and folders of split files in one word-level form.
 
 Every example is a list of whitespace words, one BIO tag per word (or None for intent-only data),
-and an intent. Errors name the file and the 1-based line.
+and an intent. The readers are in edgekit.formats; errors name the file and the 1-based line.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgekit.errors import DataError, EdgekitError
-from edgekit.runtime.tokenizer import split_words
+from edgekit.formats import FORMATS, READERS, SPLITS, Example, detect_format
 
-SPLITS = ("train", "dev", "test")
-FORMATS = ("jointbert", "clinc", "csv", "jsonl")
-TEXT_COLUMNS = ("text", "utterance", "sentence", "query")
-LABEL_COLUMNS = ("label", "intent", "category")
+# Re-exported: callers read datasets through this module.
+__all__ = ["FORMATS", "SPLITS", "Dataset", "Example", "check_trainable", "detect_format", "load_dataset",
+           "open_slots", "replace_words", "stratified_split", "swap_mentions"]
 OOS_LABELS = ("oos", "out_of_scope")
-# Aliases accepted in a `split` column / key.
-SPLIT_ALIASES = {"train": "train", "dev": "dev", "val": "dev", "valid": "dev", "validation": "dev", "test": "test"}
-
-
-@dataclass
-class Example:
-    words: list[str]
-    intent: str
-    tags: list[str] | None = None  # one BIO tag per word; None when the data has no slots
-
-    @property
-    def text(self) -> str:
-        return " ".join(self.words)
 
 
 @dataclass
@@ -48,6 +32,7 @@ class Dataset:
     slot_tags: list[str]  # empty for intent-only data
     oos_label: str | None = None
     notes: list[str] = field(default_factory=list)
+    split_from_train: list[str] = field(default_factory=list)  # the splits the data did not give
 
     @property
     def has_slots(self) -> bool:
@@ -57,211 +42,6 @@ class Dataset:
         return {"name": self.name, "format": self.format, "source": self.source,
                 "sizes": {k: len(v) for k, v in self.splits.items()}, "intents": len(self.intents),
                 "slot_tags": len(self.slot_tags), "oos_label": self.oos_label, "notes": self.notes}
-
-
-def detect_format(path: Path) -> str:
-    """Guess the format of a file or folder; raise a DataError naming it when nothing fits."""
-    if path.is_dir():
-        if (path / "data_full.json").is_file():
-            return "clinc"
-        if any((path / s).is_dir() for s in ("train", "dev", "test")):
-            return "jointbert"
-        raise DataError(path, None, "folder is neither a JointBERT layout (train/seq.in, ...) nor holds data_full.json")
-    if not path.is_file():
-        raise DataError(path, None, "no such file or folder")
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
-        return "jsonl"
-    if suffix in (".csv", ".tsv"):
-        return "csv"
-    head = _read_text(path).lstrip()
-    if not head:
-        raise DataError(path, 1, "file is empty")
-    if head.startswith("{"):
-        first = head.splitlines()[0].strip()
-        try:
-            obj = json.loads(first)
-            return "jsonl" if isinstance(obj, dict) and "text" in obj else "clinc"
-        except json.JSONDecodeError:
-            return "clinc"
-    first = head.splitlines()[0].lower()
-    if any(c in first for c in TEXT_COLUMNS) and any(c in first for c in LABEL_COLUMNS):
-        return "csv"
-    raise DataError(path, 1, "unknown format: expected a JointBERT folder, CLINC150 JSON, CSV with a header "
-                             "(text,label) or JSONL ({\"text\", \"intent\"})")
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        line = path.read_bytes()[: e.start].count(b"\n") + 1
-        raise DataError(path, line, "not valid UTF-8") from None
-
-
-def _lines(path: Path) -> list[str]:
-    if not path.is_file():
-        raise DataError(path, None, "missing split file")
-    lines = _read_text(path).splitlines()
-    if not lines:
-        raise DataError(path, 1, "file is empty")
-    return lines
-
-
-def _read_jointbert_split(folder: Path) -> list[Example]:
-    seq_in, seq_out, label = folder / "seq.in", folder / "seq.out", folder / "label"
-    words = _lines(seq_in)
-    intents = _lines(label)
-    tags = _lines(seq_out) if seq_out.exists() else None
-    for p, other in ((label, intents), (seq_out, tags)):
-        if other is not None and len(other) != len(words):
-            raise DataError(p, min(len(other), len(words)) + 1,
-                            f"{len(other)} lines, but {seq_in.name} has {len(words)}")
-    out = []
-    for i, line in enumerate(words):
-        w = line.split()
-        if not w:
-            raise DataError(seq_in, i + 1, "empty utterance")
-        t = None
-        if tags is not None:
-            t = tags[i].split()
-            if len(t) != len(w):
-                raise DataError(seq_out, i + 1, f"{len(t)} tags, but {seq_in.name} line {i + 1} has {len(w)} words")
-            for tag in t:
-                if tag != "O" and not (tag[:2] in ("B-", "I-") and len(tag) > 2):
-                    raise DataError(seq_out, i + 1, f"{tag!r} is not a BIO tag (O, B-x or I-x)")
-        intent = intents[i].strip()
-        if not intent:
-            raise DataError(label, i + 1, "empty intent label")
-        out.append(Example(w, intent, t))
-    return out
-
-
-def read_jointbert(path: Path) -> dict[str, list[Example]]:
-    if not (path / "train").is_dir():
-        raise DataError(path / "train", None, "missing split folder (a JointBERT layout needs train/)")
-    return {s: _read_jointbert_split(path / s) for s in SPLITS if (path / s).is_dir()}
-
-
-def read_clinc(path: Path) -> dict[str, list[Example]]:
-    file = path / "data_full.json" if path.is_dir() else path
-    text = _read_text(file)
-    if not text.strip():
-        raise DataError(file, 1, "file is empty")
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(file, e.lineno, f"invalid JSON ({e.msg})") from None
-    if not isinstance(obj, dict) or "train" not in obj:
-        raise DataError(file, 1, "CLINC150 JSON needs a top-level object with a 'train' key")
-    keys = {"train": ("train", "oos_train"), "dev": ("val", "oos_val"), "test": ("test", "oos_test")}
-    out = {}
-    for split, (k, oos_k) in keys.items():
-        rows = obj.get(k, []) + obj.get(oos_k, [])
-        if not rows:
-            continue
-        exs = []
-        for j, row in enumerate(rows):
-            if not (isinstance(row, list) and len(row) == 2 and all(isinstance(x, str) for x in row)):
-                raise DataError(file, None, f"{k}[{j}]: expected [text, intent]")
-            words = row[0].split()
-            if words:
-                exs.append(Example(words, row[1]))
-        out[split] = exs
-    return out
-
-
-def _spans_to_bio(path: Path, line: int, text: str, spans: list) -> tuple[list[str], list[str]]:
-    words = split_words(text)
-    tags = ["O"] * len(words)
-    for sp in sorted(spans, key=lambda s: s.get("start", 0) if isinstance(s, dict) else 0):
-        if not isinstance(sp, dict) or not {"start", "end", "slot"} <= sp.keys():
-            raise DataError(path, line, "each slot needs start, end and slot")
-        s, e, name = sp["start"], sp["end"], sp["slot"]
-        if not (isinstance(s, int) and isinstance(e, int) and 0 <= s < e <= len(text)):
-            raise DataError(path, line, f"slot {name!r} span [{s}, {e}) is outside the text ({len(text)} chars)")
-        hit = [i for i, (_, ws, we) in enumerate(words) if ws < e and s < we]
-        if not hit:
-            raise DataError(path, line, f"slot {name!r} span [{s}, {e}) covers no word")
-        for k, i in enumerate(hit):
-            if tags[i] != "O":
-                raise DataError(path, line, f"slot {name!r} overlaps another slot")
-            tags[i] = ("B-" if k == 0 else "I-") + name
-    return [w for w, _, _ in words], tags
-
-
-def _assign(out: dict, split: str | None, path: Path, line: int, ex: Example):
-    key = "train"
-    if split:
-        key = SPLIT_ALIASES.get(split.strip().lower())
-        if key is None:
-            raise DataError(path, line, f"unknown split {split!r} (use train, dev or test)")
-    out.setdefault(key, []).append(ex)
-
-
-def read_jsonl(path: Path) -> dict[str, list[Example]]:
-    lines = _lines(path)
-    out: dict[str, list[Example]] = {}
-    any_slots = False
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(path, i, f"invalid JSON ({e.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-            raise DataError(path, i, "expected an object with a string 'text'")
-        intent = row.get("intent", row.get("label"))
-        if not isinstance(intent, str) or not intent:
-            raise DataError(path, i, "expected a non-empty string 'intent'")
-        if not row["text"].split():
-            raise DataError(path, i, "empty text")
-        if "slots" in row:
-            any_slots = True
-            words, tags = _spans_to_bio(path, i, row["text"], row["slots"] or [])
-        else:
-            words, tags = row["text"].split(), None
-        _assign(out, row.get("split"), path, i, Example(words, intent, tags))
-    if not out:
-        raise DataError(path, 1, "file holds no examples")
-    if any_slots:  # rows without a "slots" key mean "no slots in this utterance"
-        for exs in out.values():
-            for ex in exs:
-                ex.tags = ex.tags or ["O"] * len(ex.words)
-    return out
-
-
-def read_csv(path: Path) -> dict[str, list[Example]]:
-    text = _read_text(path)
-    if not text.strip():
-        raise DataError(path, 1, "file is empty")
-    dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
-    reader = csv.reader(text.splitlines(), dialect=dialect)
-    header = [h.strip().lower() for h in next(reader)]
-    tcol = next((header.index(c) for c in TEXT_COLUMNS if c in header), None)
-    lcol = next((header.index(c) for c in LABEL_COLUMNS if c in header), None)
-    if tcol is None or lcol is None:
-        raise DataError(path, 1, f"header needs a text column ({', '.join(TEXT_COLUMNS)}) and a label column "
-                                 f"({', '.join(LABEL_COLUMNS)}); found {', '.join(header)}")
-    scol = header.index("split") if "split" in header else None
-    out: dict[str, list[Example]] = {}
-    for row in reader:
-        line = reader.line_num
-        if not any(c.strip() for c in row):
-            continue
-        if len(row) != len(header):
-            raise DataError(path, line, f"{len(row)} fields, header has {len(header)}")
-        words, label = row[tcol].split(), row[lcol].strip()
-        if not words or not label:
-            raise DataError(path, line, "empty text or label")
-        _assign(out, row[scol] if scol is not None else None, path, line, Example(words, label))
-    if not out:
-        raise DataError(path, 2, "file holds no examples")
-    return out
-
-
-READERS = {"jointbert": read_jointbert, "clinc": read_clinc, "csv": read_csv, "jsonl": read_jsonl}
 
 
 def _stable_key(ex: Example, seed: int) -> str:
@@ -292,17 +72,22 @@ def load_dataset(path: str | Path, fmt: str | None = None, seed: int = 0) -> Dat
         fmt = detect_format(path)
     elif fmt not in READERS:
         raise EdgekitError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    splits = READERS[fmt](path)
+    notes: list[str] = []
+    splits = READERS[fmt](path, notes)
     if "train" not in splits or not splits["train"]:
         raise DataError(path, None, "no training examples")
-    notes = []
-    if "test" not in splits:
+    made = [s for s in ("test", "dev") if s not in splits]
+    if "test" in made:
         splits["train"], splits["test"] = stratified_split(splits["train"], 0.1, seed)
         notes.append(f"test: a deterministic stratified 10% of train (seed {seed})")
-    if "dev" not in splits:
-        splits["train"], splits["dev"] = stratified_split(splits["train"], 0.1 / 0.9 if notes else 0.1, seed + 1)
+    if "dev" in made:
+        share = 0.1 / 0.9 if "test" in made else 0.1  # 10% of the data as given
+        splits["train"], splits["dev"] = stratified_split(splits["train"], share, seed + 1)
         notes.append(f"dev: a deterministic stratified share of train (seed {seed + 1})")
     has_slots = splits["train"][0].tags is not None
+    for s in ("dev", "test"):  # e.g. a JointBERT test/ without seq.out: not an error, but not silent either
+        if has_slots and splits[s] and splits[s][0].tags is None:
+            notes.append(f"{s}: no slot tags (train has them); scored on intents only")
     intents = sorted({ex.intent for ex in splits["train"]})
     oos = next((lab for lab in OOS_LABELS if lab in intents), None)
     tags: list[str] = []
@@ -310,7 +95,30 @@ def load_dataset(path: str | Path, fmt: str | None = None, seed: int = 0) -> Dat
         names = sorted({t[2:] for ex in splits["train"] for t in ex.tags if t != "O"})
         tags = ["O"] + [f"{p}-{n}" for n in names for p in ("B", "I")]
     name = path.name if path.is_dir() else path.stem
-    return Dataset(name, fmt, str(path), {s: splits[s] for s in SPLITS}, intents, tags, oos, notes)
+    return Dataset(name, fmt, str(path), {s: splits[s] for s in SPLITS}, intents, tags, oos, notes, made)
+
+
+def check_trainable(data: Dataset) -> None:
+    """Refuse, before any training, data a build cannot train on or score, in one line saying what to add.
+
+    A build needs 2 intents in train and a non-empty dev (model selection) and test (the report). A split made
+    from train takes examples only from intents with 3 or more (stratified_split keeps rarer intents whole in
+    train, to be learned though not scored); dev made after test needs 4 of one intent. An intent seen once is
+    accepted: real data has them (ATIS)."""
+    problems = []
+    if len(data.intents) < 2:
+        have = f" ({data.intents[0]!r})" if data.intents else ""
+        problems.append(f"{len(data.intents)} intent in train{have}, a classifier needs at least 2")
+    empty = [s for s in ("dev", "test") if not data.splits[s]]
+    problems += [f"{s} is empty" for s in empty if s not in data.split_from_train]
+    made = [s for s in empty if s in data.split_from_train]
+    if made:
+        need = 4 if "dev" in made and "test" in data.split_from_train else 3
+        problems.append(f"{' and '.join(made)} would be empty: a split made from train takes examples only from "
+                        f"intents with enough of them; give one intent at least {need} examples, or give "
+                        f"{' and '.join(made)} split{'s' if len(made) > 1 else ''}")
+    if problems:
+        raise DataError(data.source, None, "cannot train and score on this data: " + "; ".join(problems))
 
 
 def _mentions(tags: list[str]) -> list[tuple[int, int, str]]:

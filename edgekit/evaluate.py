@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from pathlib import Path
@@ -14,6 +15,7 @@ from edgekit.runtime.package import Package, PackageError
 from edgekit.runtime.predictor import Predictor
 from edgekit.training import agreement, predict_eager, score
 
+log = logging.getLogger("edgekit")
 FP32_STAGES = ("teacher", "trim_vocab", "prune", "distill")  # the last of these is the package's FP32 model
 
 
@@ -32,6 +34,13 @@ def evaluate_package(package: str | Path, data: str | Path, runtime: str = "exec
         raise EdgekitError(str(e)) from None
     ds = load_dataset(data, fmt)
     examples = ds.splits[split]
+    foreign = _foreign_labels(examples, pkg.labels)
+    if foreign and len(foreign["examples"]) == len(examples):
+        raise EdgekitError(f"{data}: none of the {split} split's intents is one the package knows (e.g. "
+                           f"{foreign['intents'][0]!r}); is this the data the package was built from?")
+    if foreign:
+        log.warning("%d of %d %s utterances have intents the package does not know (%s): they count as wrong",
+                    len(foreign["examples"]), len(examples), split, ", ".join(foreign["intents"][:5]))
     pred = Predictor.open(pkg, runtime)
     try:
         mask = pred.intent_mask(allow_intents)
@@ -43,6 +52,8 @@ def evaluate_package(package: str | Path, data: str | Path, runtime: str = "exec
            "allow_intents": allow_intents, "reject": reject, **score(examples, answers, pkg.labels),
            "invalid_bio": invalid_bio([a.get("tags") for a in answers]),
            "intents_answered": dict(Counter(a["intent"] for a in answers).most_common())}
+    if foreign:
+        out["unknown_intents"] = {"intents": foreign["intents"], "utterances": len(foreign["examples"])}
     built = built_entry(Path(package), FP32_STAGES) if compare_eager else None
     if built is not None:
         from edgekit.converters.decoding import config_from_record, with_decoding
@@ -58,3 +69,10 @@ def evaluate_package(package: str | Path, data: str | Path, runtime: str = "exec
         out["eager"] = score(examples, eager, pkg.labels)
         out["agreement_with_eager"] = agreement(answers, eager)
     return out
+
+
+def _foreign_labels(examples, labels: dict) -> dict | None:
+    """The data's intents the package cannot answer (its out-of-scope answer counts as known), or None."""
+    known = set(labels["intents"]) | {labels.get("oos_label") or "oos"}
+    bad = [ex for ex in examples if ex.intent not in known]
+    return {"intents": sorted({ex.intent for ex in bad}), "examples": bad} if bad else None

@@ -86,6 +86,8 @@ def render_markdown(rep: dict) -> str:
                   + "(" + ", ".join(f"{k}: {_size(v)}" for k, v in pk["size_bytes_per_runtime"].items()) + ").",
                   "", "| file | bytes |", "|---|---:|"]
         lines += [f"| {f} | {b:,} |" for f, b in pk["files"].items()]
+    if not rep.get("latency") and rep.get("package"):
+        lines += ["", "## Latency", "", "Not measured (`package.bench_utterances = 0`)."]
     if rep.get("latency"):
         lines += ["", "## Latency (model call, single utterance, after warm-up, real test utterances)", "",
                   "| runtime | p50 ms | p99 ms | p50 ms without decoding | decoding overhead (p50) | threads | "

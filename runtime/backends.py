@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgekit.runtime.package import PackageError
+
 _ET_THREADS: int | None = None
 _ET_LOADED = False
 
@@ -66,16 +68,29 @@ class ExecuTorchBackend:
         if _ET_THREADS is None:
             set_threads(1)  # single-utterance inference: one thread is the phone-like default
         _ET_LOADED = True
-        with _quiet_native_stderr():  # `program`: another method of an already loaded .pte (length buckets)
-            self.program = program or Runtime.get().load_program(Path(path))
-            self.method = self.program.load_method(method)
+        self.file = Path(path).name
+        # `program`: another method of an already loaded .pte (length buckets). The loader verifies the program's
+        # structure (InternalConsistency), so a damaged file is an error here, never a crash later.
+        try:
+            with _quiet_native_stderr():
+                self.program = program or Runtime.get().load_program(Path(path))
+                self.method = self.program.load_method(method)
+        except (RuntimeError, ValueError) as e:
+            raise PackageError(f"{self.file}: ExecuTorch cannot load {method!r} ({_first_line(e)})") from None
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Inputs in the graph's order (see the manifest's `inputs`)."""
         import torch
 
-        outs = self.method.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in inputs])
+        try:
+            outs = self.method.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in inputs])
+        except RuntimeError as e:  # a program that loads but cannot run (e.g. damaged tensor metadata)
+            raise PackageError(f"{self.file}: ExecuTorch cannot run it ({_first_line(e)})") from None
         return [o.numpy() for o in outs]
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 class OnnxBackend:
@@ -95,8 +110,13 @@ class OnnxBackend:
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
         chosen = choose(providers or ["cpu"], serve, max_len, n_intents)
-        self.session = ort.InferenceSession(str(path), so, providers=[p for p, _ in chosen],
-                                            provider_options=[o for _, o in chosen])
+        try:
+            self.session = ort.InferenceSession(str(path), so, providers=[p for p, _ in chosen],
+                                                provider_options=[o for _, o in chosen])
+        except Exception as e:  # onnxruntime's own exception types (InvalidProtobuf, Fail, ...) share no base
+            if type(e).__module__.startswith("onnxruntime"):
+                raise PackageError(f"{Path(path).name}: ONNX Runtime cannot load it ({_first_line(e)})") from None
+            raise
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.threads, self.provider = threads, self.session.get_providers()[0]

@@ -63,6 +63,6 @@ def decode(text: str, enc: Encoding, outputs: list[np.ndarray], labels: dict, de
               "slots": spans(enc.words, text, tags) if tags else []}
     if tags is not None:
         result["tags"] = tags
-    if enc.truncated:
-        result["truncated"] = True
+    if enc.truncated:  # how much the answer saw: {"chars": read, "words": kept (the last may be cut)}
+        result["truncated"] = enc.kept()
     return result

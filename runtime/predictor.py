@@ -120,6 +120,8 @@ class Predictor:
         """Names -> the `intent_mask` input (None: all intents allowed)."""
         if allow is None:
             return None
+        if isinstance(allow, str) or not allow:
+            raise ValueError("allow_intents: give a non-empty list of intent names (None allows every intent)")
         if not self.decoding:
             raise ValueError("this package's graph has no intent_mask input (built without decoding)")
         intents = self.labels["intents"]
@@ -129,10 +131,11 @@ class Predictor:
         return np.asarray([i in allow for i in intents], dtype=bool)
 
     def encode(self, text: str, warn: bool = True) -> Encoding:
+        """Tokenize as at build time; raises InputError (a ValueError) on text that is not a valid str."""
         enc = self.tokenizer.encode(text, self.max_len)
         if enc.truncated and warn:
-            log.warning("input has %d pieces, the package takes %d: truncated to the first %d words",
-                        self.tokenizer.length(text), self.max_len, enc.n_words_kept)
+            log.warning("input truncated to the package's %d pieces: the answer reads the first %d of %d characters "
+                        "and %d words", self.max_len, enc.chars_read, len(text), enc.n_words_kept)
         return enc
 
     def inputs(self, enc: Encoding, intent_mask: np.ndarray | None = None, reject: bool = True) -> list[np.ndarray]:

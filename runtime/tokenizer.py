@@ -2,6 +2,9 @@
 
 Words are split on whitespace (the unit slots are tagged on); each word becomes one or more
 pieces. The first piece of each word carries that word's slot tag.
+
+Bounded work: the text is cut to `max_chars(max_len)` characters before tokenization, then to max_len pieces;
+a word longer than what remains keeps its first pieces. So time and memory per call do not grow with the input.
 """
 
 from __future__ import annotations
@@ -13,6 +16,29 @@ from pathlib import Path
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
 _WS = re.compile(r"\S+")
+CHARS_PER_POSITION = 32  # characters read per sequence position: far above any real text's ~5 per piece
+CACHE_BYTES = 4 << 20  # the per-word piece cache's budget (a long-lived Predictor stays flat)
+CACHE_WORD_CHARS = 64  # longer words are not cached: they are rare, and would fill the budget
+
+
+class InputError(ValueError):
+    """Text the runtime cannot take (not a str, or not valid Unicode); the CLI prints it as one line."""
+
+
+def max_chars(max_len: int) -> int:
+    """The characters of an utterance that are read: the rest cannot reach the model's max_len positions."""
+    return CHARS_PER_POSITION * max_len
+
+
+def check_text(text) -> None:
+    """Raise InputError unless `text` is a str that encodes as UTF-8 (no lone surrogates)."""
+    if not isinstance(text, str):
+        raise InputError(f"text must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f"text is not valid Unicode: a lone surrogate {text[e.start]!r} at character {e.start}"
+                         ) from None
 
 
 def split_words(text: str) -> list[tuple[str, int, int]]:
@@ -61,6 +87,27 @@ def basic_split(word: str, lowercase: bool = True) -> list[str]:
     return out
 
 
+class WordCache:
+    """word -> piece ids, bounded in bytes (cleared when full: cheap, and a phone's working set of words refills
+    it in a few calls). Words over CACHE_WORD_CHARS are not kept: they are rare and would fill the budget."""
+
+    def __init__(self, budget: int = CACHE_BYTES):
+        self.budget, self.used, self.data = budget, 0, {}
+
+    def get(self, word: str, compute) -> list[int]:
+        ids = self.data.get(word)
+        if ids is None:
+            ids = compute(word)
+            if len(word) <= CACHE_WORD_CHARS:
+                cost = 100 + 4 * len(word) + 36 * len(ids)  # the str, the list and its ints, the dict slot
+                if self.used + cost > self.budget:
+                    self.data.clear()
+                    self.used = 0
+                self.data[word] = ids
+                self.used += cost
+        return ids
+
+
 @dataclass
 class Encoding:
     """One tokenized utterance, padded to `max_len`."""
@@ -68,9 +115,14 @@ class Encoding:
     input_ids: list[int]  # (max_len,)
     attention_mask: list[int]  # (max_len,)
     word_index: list[int]  # (max_len,) word number for the first piece of each word, else -1
-    words: list[tuple[str, int, int]]  # all words of the text, with character spans
-    n_words_kept: int  # words that fit inside max_len
+    words: list[tuple[str, int, int]]  # the words of the text read (its first max_chars), with character spans
+    n_words_kept: int  # words whose first piece fits inside max_len (the last may be cut to its first pieces)
     truncated: bool
+    chars_read: int = 0  # characters of the text read (all of it unless longer than max_chars)
+
+    def kept(self) -> dict:
+        """How much of a truncated text the answer saw: {"chars", "words"} (the last word may be cut)."""
+        return {"chars": self.chars_read, "words": self.n_words_kept}
 
 
 class Tokenizer:
@@ -85,13 +137,22 @@ class Tokenizer:
         raise NotImplementedError
 
     def encode(self, text: str, max_len: int) -> Encoding:
-        """[CLS] pieces [SEP], padded to max_len. Words past max_len are dropped (truncated=True)."""
-        words = split_words(text)
-        ids, word_index, kept, truncated = [self.cls_id], [-1], 0, False
+        """[CLS] pieces [SEP], padded to max_len. Only the first max_chars(max_len) characters are read; pieces
+        past max_len are dropped, a word that does not fit keeps its first pieces (truncated=True)."""
+        check_text(text)
+        limit = max_chars(max_len)
+        read = text[:limit]
+        words = split_words(read)
+        ids, word_index, kept, truncated = [self.cls_id], [-1], 0, len(text) > limit
         for w, (word, _, _) in enumerate(words):
             pieces = self.word_ids(word)
-            if len(ids) + len(pieces) > max_len - 1:
+            room = max_len - 1 - len(ids)
+            if len(pieces) > room:
                 truncated = True
+                if room > 0:  # a word longer than what remains keeps its first pieces
+                    word_index += [w] + [-1] * (room - 1)
+                    ids += pieces[:room]
+                    kept += 1
                 break
             word_index += [w] + [-1] * (len(pieces) - 1)
             ids += pieces
@@ -101,12 +162,11 @@ class Tokenizer:
         n = len(ids)
         pad = max_len - n
         return Encoding(ids + [self.pad_id] * pad, [1] * n + [0] * pad, word_index + [-1] * pad, words, kept,
-                        truncated)
+                        truncated, len(read))
 
     def length(self, text: str) -> int:
         """Number of pieces including [CLS] and [SEP], untruncated."""
         return 2 + sum(len(self.word_ids(w)) for w, _, _ in split_words(text))
-
 
 class WordPieceTokenizer(Tokenizer):
     """Greedy longest-match WordPiece over a BERT `vocab.txt`, with BERT's basic pre-tokenizer."""
@@ -178,7 +238,7 @@ class SentencePieceTokenizer(Tokenizer):
         if len(set(ids.values())) != 4 or ids["<unk>"] != self.sp.unk_id():
             raise ValueError("SentencePiece model lacks <pad>, <unk>, [CLS] or [SEP]")
         self.pad_id, self.unk_id, self.cls_id, self.sep_id = ids.values()
-        self._cache: dict[str, list[int]] = {}
+        self._cache = WordCache()
 
     @classmethod
     def from_file(cls, path: str | Path, lowercase: bool = True) -> "SentencePieceTokenizer":
@@ -198,11 +258,8 @@ class SentencePieceTokenizer(Tokenizer):
 
     def word_ids(self, word: str) -> list[int]:
         """Piece ids for one whitespace word; never empty (an all-control word becomes <unk>)."""
-        ids = self._cache.get(word)
-        if ids is None:
-            toks = basic_split(word, self.lowercase)
-            ids = self.sp.encode(" ".join(toks)) if toks else []
-            ids = ids or [self.unk_id]
-            if len(self._cache) < 100_000:
-                self._cache[word] = ids
-        return ids
+        return self._cache.get(word, self._encode_word)
+
+    def _encode_word(self, word: str) -> list[int]:
+        toks = basic_split(word, self.lowercase)
+        return (self.sp.encode(" ".join(toks)) if toks else []) or [self.unk_id]

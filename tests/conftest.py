@@ -77,3 +77,20 @@ def stage_cache(tmp_path_factory):
         os.environ.pop("EDGEKIT_CACHE", None)
     else:
         os.environ["EDGEKIT_CACHE"] = old
+
+
+# Test files by their measured cost in CI (seconds, `--durations`, 2026-12-01), longest first. With
+# `--dist loadfile --no-loadscope-reorder` (Makefile) the two workers take files in this order, so the long ones
+# start first and neither worker idles at the end while the other runs a long file.
+COST_S = {"test_integration.py": 455, "test_pipeline.py": 418, "test_cli.py": 300, "converters/test_quantize.py": 227,
+          "test_golden.py": 207, "test_serve.py": 179, "test_repro.py": 159, "test_compress.py": 155,
+          "runtime/test_bounds.py": 116, "converters/test_decoding.py": 69, "converters/test_optimize_onnx.py": 46,
+          "test_doctor.py": 45, "converters/test_export.py": 44, "runtime/test_buckets.py": 41}
+
+
+def pytest_collection_modifyitems(items):
+    def cost(item) -> float:
+        rel = Path(str(item.fspath)).relative_to(REPO / "tests").as_posix()
+        return -COST_S.get(rel, 0)
+
+    items.sort(key=cost)  # stable: within a file, and among the cheap files, the collected order stays

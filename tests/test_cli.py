@@ -63,15 +63,14 @@ def test_predict_json_on_built_package(tmp_path, tiny_bert):
 
     out = tmp_path / "pkg"
     res = run("build", "--data", str(DEMO), "--out", str(out), "--base-model", str(tiny_bert), "--set",
-              "teacher.epochs=1", "--set", "teacher.steps_limit=3", "--set", "package.buckets=[]", "--stages",
+              "teacher.epochs=1", "--set", "teacher.steps_limit=3", "--set", "package.buckets=[]", "--set",
+              "package.bench_utterances=0", "--stages",
               "teacher,export,package")
     assert res.returncode == 0, res.stderr[-2000:]
-    for rt in ("executorch", "onnx"):
-        for text in ["set an alarm for 7 am", "", "😀 ¿qué?"]:
-            r = run("predict", str(out), text, "--runtime", rt)
-            assert r.returncode == 0, r.stderr[-2000:]
-            ans = json.loads(r.stdout)
-            assert set(ans) >= {"intent", "confidence", "slots"}
+    for rt, text in [("executorch", "😀 ¿qué?"), ("executorch", ""), ("onnx", "set an alarm for 7 am")]:
+        r = run("predict", str(out), text, "--runtime", rt)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert set(json.loads(r.stdout)) >= {"intent", "confidence", "slots"}
     long = run("predict", str(out), "alarm " * 300)
     assert long.returncode == 0 and "truncated" in long.stderr
     assert_one_line_error(run("predict", str(out), "hi", "--runtime", "tflite"), "unknown --runtime")

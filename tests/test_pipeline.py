@@ -151,7 +151,7 @@ def test_same_build_again_reuses_every_stage(built, tiny_bert, tmp_path):
 
 def test_changed_training_line_retrains_from_the_teacher(built, tiny_bert, tmp_path):
     lines = DEMO.read_text().splitlines()
-    lines[0] = lines[0].replace("laundry", "groceries")  # one training utterance changed
+    lines[0] = lines[0].replace("laundry", "cooking")  # one training utterance changed (same length: spans hold)
     data = tmp_path / "demo.jsonl"
     data.write_text("\n".join(lines) + "\n")
     rep = build(BuildConfig(data=str(data), out=str(tmp_path / "o"), base_model=str(tiny_bert), stages=BASIC,

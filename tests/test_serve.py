@@ -21,7 +21,7 @@ from .conftest import DEMO
 pytestmark = pytest.mark.serve
 # Ray Serve is the `serve` extra, which `make` (and so CI) installs; a bare `pip install -e .` has no server.
 ray = pytest.importorskip("ray", reason="Ray Serve is the serve extra: pip install -e '.[serve]'")
-SETTINGS = {"teacher": {"epochs": 4, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2}, "package": {"bench_utterances": 20},
+SETTINGS = {"teacher": {"epochs": 4, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2}, "package": {"bench_utterances": 0},
             "serve": {"threads": 1, "max_batch": 16, "max_text_chars": 200, "batch_wait_ms": 25.0}}
 TEXTS = [json.loads(line)["text"] for line in DEMO.read_text().splitlines()]
 

@@ -103,15 +103,15 @@ class DecodingSettings:
 class PackageSettings:
     max_len: int | None = None  # fixed sequence length; None: p99 of train+dev piece counts, rounded up to 8
     buckets: list[int] | None = None  # shorter ExecuTorch lengths; None: the profile's bucket_percentiles
-    bench_utterances: int = 200  # test utterances the package's latency is measured on
+    bench_utterances: int = 200  # test utterances the package's latency is measured on; 0: not measured
 
     def __post_init__(self):
         if self.max_len is not None and not 8 <= self.max_len <= 512:
             raise ValueError(f"max_len must be in 8..512, got {self.max_len}")
         if self.buckets and min(self.buckets) < 3:
             raise ValueError(f"buckets must hold lengths >= 3, got {min(self.buckets)}")
-        if self.bench_utterances < 1:
-            raise ValueError(f"bench_utterances must be >= 1, got {self.bench_utterances}")
+        if self.bench_utterances < 0:
+            raise ValueError(f"bench_utterances must be >= 0 (0: latency not measured), got {self.bench_utterances}")
 
 
 @dataclass

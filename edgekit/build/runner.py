@@ -13,6 +13,7 @@ import math
 import random
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -23,7 +24,7 @@ from edgekit import __version__
 from edgekit.build.cache import StageCache, default_dir, digest_files, stage_key
 from edgekit.build.config import BuildConfig, resolve
 from edgekit.build.context import RESULT_TYPES, Context, ModelResult, StageResult
-from edgekit.data import load_dataset
+from edgekit.data import check_trainable, load_dataset
 from edgekit.errors import EdgekitError
 from edgekit.io import write_json, write_text
 from edgekit.model import default_base_model
@@ -74,11 +75,12 @@ def _data_files(path: str) -> list[Path]:
 
 
 def prepare(cfg: BuildConfig) -> Context:
-    """Resolve and check everything before any work: settings, target, data, base model, sequence length."""
+    """Resolve and check everything before any work: settings, target, data, base model, sequence length, OUT."""
     target, settings = resolve(cfg)
     if cfg.train_threads is not None and cfg.train_threads < 1:
         raise EdgekitError(f"train_threads must be >= 1, got {cfg.train_threads}")
     data = load_dataset(cfg.data, cfg.format, cfg.seed)
+    check_trainable(data)  # refuse data that cannot train or be scored now, not after the first epoch
     base = Path(cfg.base_model) if cfg.base_model else default_base_model()
     for name in ("vocab.txt", "model.safetensors"):
         if not (base / name).is_file():
@@ -97,6 +99,11 @@ def prepare(cfg: BuildConfig) -> Context:
     if unknown:
         raise EdgekitError(f"--intents: unknown intent {unknown[0]!r}; {cfg.data} has: {', '.join(data.intents)}")
     base_files = [base / n for n in ("config.json", "model.safetensors", "vocab.txt") if (base / n).is_file()]
+    try:  # an OUT that cannot take the package is refused now, not after training (an empty OUT may stay)
+        Path(cfg.out).mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=cfg.out).close()
+    except OSError as e:
+        raise EdgekitError(f"--out {cfg.out}: cannot write there ({e.strerror or e})") from None
     digest = digest_files(_data_files(cfg.data) + base_files)
     ctx = Context(cfg, settings, target, data, Path(cfg.out), max_len, stats, tokenizer, rows, target.stages,
                   StageCache(default_dir(cfg.cache)), digest, base_model=base)
@@ -192,6 +199,15 @@ def report(ctx: Context) -> dict:
             "over_budget": over or None, "quant_layers": quant, "passes": [r.record for _, r in done]}
 
 
+def _plots_listed(out: Path) -> list[str]:
+    """The plot files an earlier build's report.json in OUT/ lists (edgekit's own, so a rebuild may remove them)."""
+    try:
+        plots = json.loads((out / "report.json").read_text()).get("plots") or {}
+        return [v for v in plots.values() if isinstance(v, str)]
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
 def _torch_threads() -> int:
     import torch
 
@@ -221,6 +237,7 @@ def _run(ctx: Context, on_stage) -> dict:
     from edgekit.runtime.backends import set_threads
 
     cfg = ctx.cfg
+    old_plots = _plots_listed(ctx.out)  # read before the first stage rewrites report.json
     log.info("training on %d threads", _torch_threads())
     # XNNPACK's pool size can only be set before the first program loads; latency is measured on it.
     set_threads(ctx.target.bench_threads)
@@ -248,10 +265,12 @@ def _run(ctx: Context, on_stage) -> dict:
     for name, res in ctx.results():  # free the models: the report is what the caller gets
         if isinstance(res, ModelResult):
             res._model = None
-    from edgekit.plots import write_plots
+    from edgekit.plots import PLOTS, write_plots
 
     rep = report(ctx)
     rep["plots"] = write_plots(rep, ctx.out)
+    for name in set(old_plots) & set(PLOTS.values()) - set(rep["plots"].values()):  # an old build's, not drawn now
+        (ctx.out / name).unlink(missing_ok=True)
     write_json(ctx.out / "report.json", rep)
     write_text(ctx.out / "report.md", render_markdown(rep))
     return rep

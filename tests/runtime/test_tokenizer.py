@@ -30,9 +30,11 @@ def test_unknown_emoji_and_empty_inputs_never_crash():
     assert empty.input_ids[:2] == [2, 3] and empty.words == []
 
 
-def test_truncation_keeps_whole_words():
-    enc = tok().encode("play queen on spotify play queen", 6)
-    assert enc.truncated and enc.n_words_kept == 3 and sum(enc.attention_mask) == 5
+def test_truncation_cuts_the_last_word_that_fits_to_its_first_pieces():
+    enc = tok().encode("play queen on spotify play queen", 6)  # [CLS] play queen on spot [SEP]: "##ify" is cut
+    assert enc.truncated and enc.n_words_kept == 4 and sum(enc.attention_mask) == 6
+    assert enc.input_ids[:6] == [2, 4, 5, 6, 7, 3] and enc.word_index[:6] == [-1, 0, 1, 2, 3, -1]
+    assert enc.kept() == {"chars": 32, "words": 4}
 
 
 def test_spans_rejoin_words_to_original_text():

@@ -21,6 +21,8 @@ from edgekit.runtime.package import MANIFEST, SCHEMA_VERSION, Package, sha256
 from edgekit.training import score
 
 TRT_FILE = "model.trt.onnx"  # the unfused FP32 graph, for TensorRT (which cannot parse the fused ops)
+# Every file name a package may list besides the manifest: the only names a rebuild may remove from OUT/.
+OWNED = frozenset({"tokenizer.model", "labels.json", TRT_FILE, *MODEL_FILES.values()})
 
 
 def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
@@ -80,6 +82,8 @@ def measure(ctx: Context, buckets: dict) -> dict:
 
     texts = [ex.text for ex in ctx.data.splits["test"][: ctx.settings.package.bench_utterances]]
     threads, latency = ctx.target.bench_threads, {}
+    if not texts:  # package.bench_utterances = 0: a build that only needs the package (the report says so)
+        return latency
     for runtime in ctx.target.runtimes:
         raw_path = model_file(ctx, runtime, raw=True)
         unfused = raw_path.with_name("unfused." + MODEL_FILES[runtime])
@@ -140,21 +144,26 @@ def run(ctx: Context) -> PackageResult:
 
 def attach(ctx: Context, res: PackageResult) -> None:
     """Publish the package (made or reused) into OUT/. The old manifest goes first, so a crash half-way leaves
-    no package that claims to be whole; then each file temp-then-rename; files only the old package listed are
-    removed; the manifest comes last."""
+    no package that claims to be whole; then each file temp-then-rename; the manifest comes last.
+
+    OUT/ may hold the user's own files (notes, a checkpoints/ folder): only files edgekit writes are touched. A
+    file the old manifest listed and the new one does not is removed only when its name is one a package uses
+    and its bytes are still the ones that manifest recorded: anything the user made or changed stays."""
     import json
 
     ctx.out.mkdir(parents=True, exist_ok=True)
     old = ctx.out / MANIFEST
-    stale = set()
+    stale = {}
     if old.is_file():
         try:
-            stale = set(json.loads(old.read_text()).get("files", {})) - set(res.package["files"])
-        except (ValueError, AttributeError):
-            stale = set()
+            listed = json.loads(old.read_text()).get("files", {})
+            stale = {f: m.get("sha256") for f, m in listed.items() if f in OWNED and f not in res.package["files"]}
+        except (ValueError, AttributeError):  # not a manifest of ours: remove nothing on its word
+            stale = {}
         old.unlink()
     for name in sorted(res.package["files"], key=lambda f: f == MANIFEST):
         write_bytes(ctx.out / name, (res.dir / name).read_bytes())
-    for name in stale:
-        if "/" not in name and (ctx.out / name).is_file():
-            (ctx.out / name).unlink()
+    for name, digest in stale.items():
+        path = ctx.out / name
+        if path.is_file() and not path.is_symlink() and sha256(path) == digest:
+            path.unlink()

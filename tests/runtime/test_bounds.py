@@ -1,0 +1,217 @@
+"""A total, bounded runtime (issue 19): every input gets a valid answer, or the documented ValueError, in bounded
+time and memory, on both runtimes. A tiny package built once for the module; hypothesis drives arbitrary Unicode."""
+
+import gc
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgekit.build import BuildConfig, build
+from edgekit.runtime import Predictor
+from edgekit.runtime.tokenizer import CACHE_BYTES, InputError, WordPieceTokenizer, max_chars
+
+from ..conftest import DEMO
+
+RUNTIMES = ("executorch", "onnx")
+CALL_BOUND_S = 2.0  # a generous bound on one call (they take milliseconds): it catches work that grows with input
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory, tiny_bert):
+    out = tmp_path_factory.mktemp("bounded")
+    build(BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), stages=["teacher", "trim_vocab", "export", "package"],
+                      settings={"teacher": {"epochs": 2, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2},
+                                "package": {"buckets": [], "bench_utterances": 0}}))  # one length; latency unmeasured
+    return out
+
+
+@pytest.fixture(scope="module")
+def preds(pkg):
+    return {rt: Predictor.open(pkg, rt) for rt in RUNTIMES}
+
+
+def valid(ans: dict, pred: Predictor) -> None:
+    """The documented answer: a known intent (or oos), a confidence in (0, 1], slots inside the text read."""
+    assert ans["intent"] in pred.labels["intents"] + ["oos"]
+    assert 0 < ans["confidence"] <= 1
+    for s in ans["slots"]:
+        assert 0 <= s["start"] < s["end"] and isinstance(s["value"], str)
+    if "tags" in ans:
+        assert len(ans["tags"]) <= max_chars(pred.max_len)  # one per word of the text read, never per input char
+
+
+# -- the cases issue 19 lists under "Runtime behaviour (today)" -------------------------------------------------
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("long", ["a" * 5000, "北京欢迎你" * 400, "🎵" * 3000])
+def test_a_word_longer_than_the_sequence_keeps_its_first_pieces(preds, runtime, long):
+    p = preds[runtime]
+    enc = p.encode(long, warn=False)
+    assert enc.n_words_kept == 1 and sum(enc.attention_mask) == p.max_len  # not "the first 0 words"
+    ans = p.predict("play " + long, warn=False)
+    valid(ans, p)
+    assert ans["truncated"] == {"chars": min(len(long) + 5, max_chars(p.max_len)), "words": 2}
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_million_characters_cost_what_the_package_reads(preds, runtime):
+    p = preds[runtime]
+    text = "play some music " * 62_500  # 1 M characters, 187,500 words
+    t0 = time.perf_counter()
+    ans = p.predict(text, warn=False)
+    assert time.perf_counter() - t0 < CALL_BOUND_S
+    valid(ans, p)
+    assert ans["truncated"]["chars"] == max_chars(p.max_len) and len(ans.get("tags", [])) < 200
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def test_300_distinct_100k_character_inputs_stay_within_50_mb(preds):
+    p = preds["onnx"]
+    p.predict("warm up " * 10, warn=False)
+    gc.collect()
+    start = rss_mb()
+    for k in range(300):
+        word = f"{k:04d}" + chr(0x4E00 + k) * 99_996  # distinct 100k-character words
+        p.predict(word, warn=False)
+        del word
+    gc.collect()
+    assert rss_mb() - start < 50
+
+
+def test_the_word_cache_is_bounded_in_bytes(preds):
+    tok = preds["onnx"].tokenizer
+    if not hasattr(tok, "_cache"):
+        pytest.skip("a WordPiece package has no piece cache")
+    for k in range(60_000):
+        tok.word_ids(f"w{k}x{'y' * (k % 50)}")
+    assert tok._cache.used <= CACHE_BYTES and 0 < len(tok._cache.data) < 60_000
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_lone_surrogate_is_a_value_error(preds, runtime):
+    with pytest.raises(ValueError, match="lone surrogate"):
+        preds[runtime].predict("play \ud800 now")
+    with pytest.raises(InputError, match="must be a str"):
+        preds[runtime].predict(b"play")
+
+
+def test_invalid_utf8_on_the_command_line_is_one_line_and_exit_2(pkg):
+    # argv bytes that are not UTF-8 reach Python as lone surrogates (surrogateescape)
+    r = subprocess.run([sys.executable.encode(), b"-m", b"edgekit.cli", b"predict", str(pkg).encode(), b"play \xff"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: text: text is not valid Unicode")
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_empty_allow_intents_is_an_error(preds, runtime):
+    with pytest.raises(ValueError, match="non-empty list"):
+        preds[runtime].predict("play queen", allow_intents=[])
+
+
+def test_eval_on_data_whose_labels_the_package_lacks(pkg, tmp_path):
+    from edgekit.errors import EdgekitError
+    from edgekit.evaluate import evaluate_package
+
+    lines = [json.loads(x) for x in DEMO.read_text().splitlines()]
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"text": x["text"], "intent": "zz_" + x["intent"]}) + "\n" for x in lines))
+    with pytest.raises(EdgekitError, match="none of the test split's intents"):
+        evaluate_package(pkg, other, "onnx", compare_eager=False)
+    half = tmp_path / "half.jsonl"  # one intent renamed: scored, with a loud warning and the count in the output
+    first = lines[0]["intent"]
+    half.write_text("".join(json.dumps({"text": x["text"], "intent": "zz" if x["intent"] == first else x["intent"]})
+                            + "\n" for x in lines))
+    out = evaluate_package(pkg, half, "onnx", compare_eager=False)
+    assert out["unknown_intents"]["intents"] == ["zz"] and out["unknown_intents"]["utterances"] > 0
+
+
+def test_wordpiece_tokenizer_is_bounded_too():
+    tok = WordPieceTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "##a"])
+    enc = tok.encode("a" * 50, 8)  # 50 pieces: the one word keeps its first 6
+    assert enc.input_ids[:8] == [2, 4, 5, 5, 5, 5, 5, 3] and enc.n_words_kept == 1 and enc.truncated
+
+
+def test_50_byte_flips_in_the_pte_with_its_sha256_recomputed_never_crash_the_process(pkg, tmp_path):
+    """The loader verifies the program (ExecuTorch's InternalConsistency): a flip gives a clean error or, in the
+    weights, a valid answer. One subprocess runs all 50 (a crash would kill it; it says how far it got)."""
+    script = tmp_path / "flips.py"
+    script.write_text(FLIPS.format(pkg=str(pkg), work=str(tmp_path / "work")))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0, (r.returncode, lines[-3:], r.stderr[-2000:])
+    results = [json.loads(x) for x in lines if x.startswith("{")]
+    assert len(results) == 50 and all(x["outcome"] in ("answer", "error") for x in results)
+    assert any(x["outcome"] == "error" for x in results)  # flips in the program's structure are caught
+    assert all(x["message"].startswith("model.pte") for x in results if x["outcome"] == "error")
+
+
+FLIPS = """
+import hashlib, json, random, shutil
+from pathlib import Path
+from edgekit.runtime import Predictor
+from edgekit.runtime.package import PackageError
+
+src, work = Path({pkg!r}), Path({work!r})
+data = (src / "model.pte").read_bytes()
+rng = random.Random(0)
+# half the flips in the first 4 KiB (header, flatbuffer tables), half anywhere (mostly weights)
+offsets = [rng.randrange(min(4096, len(data))) for _ in range(25)] + [rng.randrange(len(data)) for _ in range(25)]
+for k, off in enumerate(offsets):
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(src, work)
+    flipped = bytearray(data)
+    flipped[off] ^= 1 << rng.randrange(8)
+    (work / "model.pte").write_bytes(bytes(flipped))
+    man = json.loads((work / "manifest.json").read_text())
+    man["files"]["model.pte"]["sha256"] = hashlib.sha256(flipped).hexdigest()  # past the integrity check
+    (work / "manifest.json").write_text(json.dumps(man))
+    print("flip", k, off, flush=True)
+    try:
+        ans = Predictor.open(work, "executorch").predict("play queen on spotify", warn=False)
+        out = {{"outcome": "answer", "intent": ans["intent"]}}
+    except PackageError as e:
+        out = {{"outcome": "error", "message": str(e)}}
+    print(json.dumps({{"k": k, "offset": off, **out}}), flush=True)
+"""
+
+
+# -- hypothesis: arbitrary Unicode, both runtimes ---------------------------------------------------------------
+
+# Arbitrary code points (controls, NUL, RTL, emoji, surrogates), plus long words built cheaply by repetition.
+CHARS = st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF)
+TEXTS = st.one_of(
+    st.text(CHARS, max_size=60),
+    st.text(st.sampled_from(list("\u202e\u200f\u0000\t\n\u200b\u00e9\u0301 🎵👩‍👩‍👧東a")), max_size=200),
+    st.builds(lambda a, c, n, b: a + c * n + b, st.text(CHARS, max_size=10), st.text(CHARS, min_size=1, max_size=3),
+              st.integers(0, 33_000), st.text(CHARS, max_size=10)),
+)
+
+
+def answers_or_value_error(p: Predictor, text: str) -> None:
+    t0 = time.perf_counter()
+    try:
+        ans = p.predict(text, warn=False)
+    except ValueError as e:  # documented: text that is not valid Unicode
+        assert "lone surrogate" in str(e)
+        return
+    assert time.perf_counter() - t0 < CALL_BOUND_S
+    valid(ans, p)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow], derandomize=True)
+@given(text=TEXTS)
+def test_any_unicode_gets_an_answer_or_the_documented_error(preds, runtime, text):
+    answers_or_value_error(preds[runtime], text)
