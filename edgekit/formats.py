@@ -159,7 +159,13 @@ def read_jointbert(path: Path, notes: list[str] | None = None) -> dict[str, list
 
 def _json(path: Path, text: str, line: int | None = None):
     try:
-        return json.loads(text)
+        value = json.loads(text)
+        if "\\u" in text:  # only a \uXXXX escape can make a lone surrogate, which no tokenizer can take
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        return value
+    except UnicodeEncodeError as e:
+        code = ord(e.object[e.start])
+        raise DataError(path, line, f"a lone surrogate (\\u{code:04x}) is not valid Unicode text") from None
     except RecursionError:
         raise DataError(path, line, "invalid JSON (nested too deeply)") from None
     except ValueError as e:  # JSONDecodeError, or an integer too long to convert
@@ -336,6 +342,8 @@ def _read_csv_rows(path: Path, reader, header: list[str], out: dict, split: str 
 
 def read_split_files(path: Path, notes: list[str] | None = None) -> dict[str, list[Example]]:
     """A folder of one file per split: train, dev (or validation, val), test; each .csv/.tsv or .jsonl/.ndjson."""
+    if not path.is_dir():
+        raise DataError(path, None, "the split-files format reads a folder (train.csv, test.csv, ...), not a file")
     files = split_files(path)
     if "train" not in files:
         found = ", ".join(f.name for f in files.values()) or "no split files"

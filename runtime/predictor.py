@@ -134,8 +134,8 @@ class Predictor:
         """Tokenize as at build time; raises InputError (a ValueError) on text that is not a valid str."""
         enc = self.tokenizer.encode(text, self.max_len)
         if enc.truncated and warn:
-            log.warning("input truncated to the package's %d pieces: the answer reads the first %d of %d characters "
-                        "and %d words", self.max_len, enc.chars_read, len(text), enc.n_words_kept)
+            log.warning("input truncated to the package's %d pieces: the model saw its first %d words (up to "
+                        "character %d of %d)", self.max_len, enc.n_words_kept, enc.chars_read, len(text))
         return enc
 
     def inputs(self, enc: Encoding, intent_mask: np.ndarray | None = None, reject: bool = True) -> list[np.ndarray]:

@@ -118,10 +118,11 @@ class Encoding:
     words: list[tuple[str, int, int]]  # the words of the text read (its first max_chars), with character spans
     n_words_kept: int  # words whose first piece fits inside max_len (the last may be cut to its first pieces)
     truncated: bool
-    chars_read: int = 0  # characters of the text read (all of it unless longer than max_chars)
+    chars_read: int = 0  # the text up to here reached the model: the end of its last kept word
 
     def kept(self) -> dict:
-        """How much of a truncated text the answer saw: {"chars", "words"} (the last word may be cut)."""
+        """How much of a truncated text the answer saw: {"chars": the end of the last word that reached the model,
+        "words": how many words did} (the last one may be cut to its first pieces)."""
         return {"chars": self.chars_read, "words": self.n_words_kept}
 
 
@@ -139,11 +140,14 @@ class Tokenizer:
     def encode(self, text: str, max_len: int) -> Encoding:
         """[CLS] pieces [SEP], padded to max_len. Only the first max_chars(max_len) characters are read; pieces
         past max_len are dropped, a word that does not fit keeps its first pieces (truncated=True)."""
-        check_text(text)
+        if not isinstance(text, str):
+            raise InputError(f"text must be a str, got {type(text).__name__}")
         limit = max_chars(max_len)
         read = text[:limit]
+        check_text(read)  # what is never read cannot matter: the check stays bounded too
         words = split_words(read)
-        ids, word_index, kept, truncated = [self.cls_id], [-1], 0, len(text) > limit
+        ids, word_index, kept = [self.cls_id], [-1], 0
+        truncated = len(text) > limit and not text[limit:].isspace()
         for w, (word, _, _) in enumerate(words):
             pieces = self.word_ids(word)
             room = max_len - 1 - len(ids)
@@ -161,8 +165,9 @@ class Tokenizer:
         word_index.append(-1)
         n = len(ids)
         pad = max_len - n
+        seen = words[kept - 1][2] if kept else 0  # the end of the last word that reached the model
         return Encoding(ids + [self.pad_id] * pad, [1] * n + [0] * pad, word_index + [-1] * pad, words, kept,
-                        truncated, len(read))
+                        truncated, seen)
 
     def length(self, text: str) -> int:
         """Number of pieces including [CLS] and [SEP], untruncated."""

@@ -14,7 +14,8 @@ from edgekit.build.gating import BudgetMissed
 
 from .conftest import DEMO
 
-FAST = {"teacher": {"epochs": 3, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2}}
+FAST = {"teacher": {"epochs": 3, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2},
+        "package": {"bench_utterances": 0}}  # stages, gates and the cache: no latency measured
 # These tests are about stages, gates and the cache: one runtime (ONNX Runtime, the faster export) is enough.
 
 

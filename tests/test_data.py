@@ -348,3 +348,17 @@ def test_jsonl_text_holding_a_unicode_line_separator_stays_one_row(tmp_path):
                          [{"text": "play\u2028queen", "intent": "music"}] + _two_intents()), encoding="utf-8")
     ds = load_dataset(f)
     assert sum(len(s) for s in ds.splits.values()) == 21
+
+
+def test_a_lone_surrogate_escape_in_json_data_names_the_line(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"text": "stop it", "intent": "b"}\n{"text": "play \\ud800 now", "intent": "a"}\n')
+    with pytest.raises(DataError, match=r"d\.jsonl:2: a lone surrogate \(\\ud800\)"):
+        load_dataset(f)
+
+
+def test_the_split_files_format_on_a_file_is_one_clear_error(tmp_path):
+    f = tmp_path / "d.csv"
+    f.write_text("text,label\nhello there,greet\n")
+    with pytest.raises(DataError, match="reads a folder"):
+        load_dataset(f, "split-files")

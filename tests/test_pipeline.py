@@ -155,7 +155,7 @@ def test_changed_training_line_retrains_from_the_teacher(built, tiny_bert, tmp_p
     data = tmp_path / "demo.jsonl"
     data.write_text("\n".join(lines) + "\n")
     rep = build(BuildConfig(data=str(data), out=str(tmp_path / "o"), base_model=str(tiny_bert), stages=BASIC,
-                            settings={**TEACHER, "package": {"buckets": []}}))
+                            settings={**TEACHER, "package": {"buckets": [], "bench_utterances": 0}}))
     assert [s["reused"] for s in rep["stages"]] == [False, False, False]
     assert rep["stages"][0]["key"] != built[1]["stages"][0]["key"]
 
@@ -166,7 +166,8 @@ def test_intent_only_csv_build(tmp_path, tiny_bert):
     csv.write_text("query,intent\n" + "".join(f'"{r["text"]}",{r["intent"]}\n' for r in rows))
     out = tmp_path / "pkg"
     rep = build(BuildConfig(data=str(csv), out=str(out), base_model=str(tiny_bert), stages=BASIC,
-                            settings={"teacher": {"epochs": 1, "steps_limit": 3}, "package": {"buckets": []}}))
+                            settings={"teacher": {"epochs": 1, "steps_limit": 3},
+                                      "package": {"buckets": [], "bench_utterances": 0}}))
     assert rep["dataset"]["format"] == "csv" and rep["dataset"]["slot_tags"] == 0
     assert all(s["slot_f1"] is None for s in rep["stages"])
     pkg = Package.load(out)
@@ -190,7 +191,7 @@ def test_out_of_scope_data_gets_a_calibrated_threshold_and_a_curve(tmp_path, tin
                    + "".join(f"{t},oos\n" for t in oos))
     out = tmp_path / "pkg"
     rep = build(BuildConfig(data=str(csv), out=str(out), base_model=str(tiny_bert), stages=BASIC,
-                            settings={**TEACHER, "package": {"buckets": [], "bench_utterances": 20}}))
+                            settings={**TEACHER, "package": {"buckets": [], "bench_utterances": 0}}))
     d = next(p for p in rep["passes"] if p["name"] == "export")["extra"]["decoding"]
     cands = d["candidates"]
     assert {(c["oos_in_softmax"], c["score"]) for c in cands.values()} == {(a, b) for a in (True, False)
@@ -264,7 +265,7 @@ def test_quantized_build_reuses_the_teacher_and_rebuilds_int8_from_its_record(bu
     for rt in ("executorch", "onnx"):
         assert Predictor.open(pkg, rt).predict("play some jazz")["intent"] in pkg.labels["intents"] + ["oos"]
     # A rejection threshold (export setting): quantize is reused, and its INT8 model rebuilt from the record.
-    again = build(BuildConfig(**{**cfg.__dict__, "sets": ["decoding.oos_far=0.05"]}))
+    again = build(BuildConfig(**{**cfg.__dict__, "sets": ["decoding.oos_far=0.05", "package.bench_utterances=0"]}))
     assert [s["reused"] for s in again["stages"]] == [True, True, False, False, False]
     e1 = next(p for p in rep["passes"] if p["name"] == "export")["extra"]["executorch"]
     e2 = next(p for p in again["passes"] if p["name"] == "export")["extra"]["executorch"]

@@ -191,6 +191,7 @@ def test_rebuild_with_other_data_ships_the_new_labels_and_trains_a_new_teacher(r
 def test_user_files_in_out_survive_a_build_and_a_rebuild(twin, rebuilt):
     root, _ = twin
     assert_user_files_untouched(root / "out_a")  # after a build into an OUT/ that held them
+    assert (root / "out_a" / "stages.png").is_file()  # two model stages: drawn (the rebuild's check below needs it)
     out, _, _, _ = rebuilt
     assert_user_files_untouched(out)  # after a rebuild whose package lists other files
     pkg = Package.load(out)

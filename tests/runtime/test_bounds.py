@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from edgekit.build import BuildConfig, build
 from edgekit.runtime import Predictor
-from edgekit.runtime.tokenizer import CACHE_BYTES, InputError, WordPieceTokenizer, max_chars
+from edgekit.runtime.tokenizer import CACHE_BYTES, InputError, WordPieceTokenizer, max_chars, split_words
 
 from ..conftest import DEMO
 
@@ -35,14 +35,16 @@ def preds(pkg):
     return {rt: Predictor.open(pkg, rt) for rt in RUNTIMES}
 
 
-def valid(ans: dict, pred: Predictor) -> None:
-    """The documented answer: a known intent (or oos), a confidence in (0, 1], slots inside the text read."""
+def valid(ans: dict, pred: Predictor, text: str) -> None:
+    """The documented answer: a known intent (or oos), a confidence in (0, 1], slots that select their value in
+    the text read, one tag per word of the text read."""
     assert ans["intent"] in pred.labels["intents"] + ["oos"]
     assert 0 < ans["confidence"] <= 1
+    read = text[: max_chars(pred.max_len)]
     for s in ans["slots"]:
-        assert 0 <= s["start"] < s["end"] and isinstance(s["value"], str)
+        assert 0 <= s["start"] < s["end"] <= len(read) and s["value"] == text[s["start"]:s["end"]]
     if "tags" in ans:
-        assert len(ans["tags"]) <= max_chars(pred.max_len)  # one per word of the text read, never per input char
+        assert len(ans["tags"]) == len(split_words(read))
 
 
 # -- the cases issue 19 lists under "Runtime behaviour (today)" -------------------------------------------------
@@ -55,8 +57,9 @@ def test_a_word_longer_than_the_sequence_keeps_its_first_pieces(preds, runtime, 
     enc = p.encode(long, warn=False)
     assert enc.n_words_kept == 1 and sum(enc.attention_mask) == p.max_len  # not "the first 0 words"
     ans = p.predict("play " + long, warn=False)
-    valid(ans, p)
+    valid(ans, p, "play " + long)
     assert ans["truncated"] == {"chars": min(len(long) + 5, max_chars(p.max_len)), "words": 2}
+    assert "truncated" not in p.predict("play queen" + " " * 5000, warn=False)  # only spaces past the cap
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -66,8 +69,9 @@ def test_a_million_characters_cost_what_the_package_reads(preds, runtime):
     t0 = time.perf_counter()
     ans = p.predict(text, warn=False)
     assert time.perf_counter() - t0 < CALL_BOUND_S
-    valid(ans, p)
-    assert ans["truncated"]["chars"] == max_chars(p.max_len) and len(ans.get("tags", [])) < 200
+    valid(ans, p, text)
+    kept = ans["truncated"]
+    assert 0 < kept["words"] < p.max_len and kept["chars"] == len(" ".join(text.split()[: kept["words"]]))
 
 
 def rss_mb() -> float:
@@ -206,7 +210,7 @@ def answers_or_value_error(p: Predictor, text: str) -> None:
         assert "lone surrogate" in str(e)
         return
     assert time.perf_counter() - t0 < CALL_BOUND_S
-    valid(ans, p)
+    valid(ans, p, text)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

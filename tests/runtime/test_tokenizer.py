@@ -34,7 +34,7 @@ def test_truncation_cuts_the_last_word_that_fits_to_its_first_pieces():
     enc = tok().encode("play queen on spotify play queen", 6)  # [CLS] play queen on spot [SEP]: "##ify" is cut
     assert enc.truncated and enc.n_words_kept == 4 and sum(enc.attention_mask) == 6
     assert enc.input_ids[:6] == [2, 4, 5, 6, 7, 3] and enc.word_index[:6] == [-1, 0, 1, 2, 3, -1]
-    assert enc.kept() == {"chars": 32, "words": 4}
+    assert enc.kept() == {"chars": 21, "words": 4}  # up to the end of "spotify", the word that was cut
 
 
 def test_spans_rejoin_words_to_original_text():
