@@ -299,7 +299,7 @@ def test_out_that_cannot_be_written_is_refused_before_training(tmp_path, tiny_be
     # an OUT that exists and takes no files: /sys refuses new files, root included
     try:
         tempfile.NamedTemporaryFile(dir="/sys").close()
-        pytest.skip("/sys takes files here")
+        pytest.skip("/sys accepts new files on this machine, so it cannot stand for an OUT that refuses them")
     except OSError:
         pass
     with pytest.raises(EdgekitError, match="--out /sys: cannot write there"):
