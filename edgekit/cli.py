@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from edgekit.cache_cli import cache_app
 from edgekit.errors import EdgekitError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -282,42 +283,7 @@ def loadtest(
     typer.echo(f"written: {out}", err=True)
 
 
-cache_app = typer.Typer(help="The stage cache: list or prune its entries.", no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
-
-
-@cache_app.command("ls")
-def cache_ls(cache: Annotated[Optional[Path], typer.Option(help="Cache folder (default: $EDGEKIT_CACHE, else "
-                                                           "~/.cache/edgekit).")] = None):
-    """One line per entry: stage, key, size, last use."""
-    import time
-
-    from edgekit.build.cache import StageCache, default_dir
-
-    c = StageCache(default_dir(str(cache) if cache else None))
-    entries = c.entries()
-    for e in entries:
-        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e["used"]))
-        typer.echo(f"{e['stage']:12s} {e['key'][:12]}  {e['bytes'] / 1e6:9.2f} MB  {used}")
-    typer.echo(f"{len(entries)} entries, {sum(e['bytes'] for e in entries) / 1e6:.1f} MB in {c.root}")
-
-
-@cache_app.command("prune")
-def cache_prune(
-    cache: Annotated[Optional[Path], typer.Option(help="Cache folder.")] = None,
-    older_than: Annotated[Optional[float], typer.Option(help="Remove entries unused for this many days.")] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Remove every entry.")] = False,
-):
-    """Remove entries unused for --older-than DAYS, or --all."""
-    from edgekit.build.cache import StageCache, default_dir
-
-    if older_than is None and not all_:
-        raise EdgekitError("cache prune: give --older-than DAYS or --all")
-    if older_than is not None and older_than < 0:
-        raise EdgekitError(f"--older-than must be >= 0, got {older_than}")
-    c = StageCache(default_dir(str(cache) if cache else None))
-    n, freed = c.prune(None if all_ else older_than)
-    typer.echo(f"removed {n} entries, {freed / 1e6:.1f} MB")
 
 
 @app.command()

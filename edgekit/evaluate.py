@@ -35,12 +35,12 @@ def evaluate_package(package: str | Path, data: str | Path, runtime: str = "exec
     ds = load_dataset(data, fmt)
     examples = ds.splits[split]
     foreign = _foreign_labels(examples, pkg.labels)
-    if foreign and len(foreign["examples"]) == len(examples):
+    if foreign and foreign["utterances"] == len(examples):
         raise EdgekitError(f"{data}: none of the {split} split's intents is one the package knows (e.g. "
                            f"{foreign['intents'][0]!r}); is this the data the package was built from?")
     if foreign:
         log.warning("%d of %d %s utterances have intents the package does not know (%s): they count as wrong",
-                    len(foreign["examples"]), len(examples), split, ", ".join(foreign["intents"][:5]))
+                    foreign["utterances"], len(examples), split, ", ".join(foreign["intents"][:5]))
     pred = Predictor.open(pkg, runtime)
     try:
         mask = pred.intent_mask(allow_intents)
@@ -53,7 +53,7 @@ def evaluate_package(package: str | Path, data: str | Path, runtime: str = "exec
            "invalid_bio": invalid_bio([a.get("tags") for a in answers]),
            "intents_answered": dict(Counter(a["intent"] for a in answers).most_common())}
     if foreign:
-        out["unknown_intents"] = {"intents": foreign["intents"], "utterances": len(foreign["examples"])}
+        out["unknown_intents"] = foreign
     built = built_entry(Path(package), FP32_STAGES) if compare_eager else None
     if built is not None:
         from edgekit.converters.decoding import config_from_record, with_decoding
@@ -74,5 +74,5 @@ def evaluate_package(package: str | Path, data: str | Path, runtime: str = "exec
 def _foreign_labels(examples, labels: dict) -> dict | None:
     """The data's intents the package cannot answer (its out-of-scope answer counts as known), or None."""
     known = set(labels["intents"]) | {labels.get("oos_label") or "oos"}
-    bad = [ex for ex in examples if ex.intent not in known]
-    return {"intents": sorted({ex.intent for ex in bad}), "examples": bad} if bad else None
+    bad = [ex.intent for ex in examples if ex.intent not in known]
+    return {"intents": sorted(set(bad)), "utterances": len(bad)} if bad else None

@@ -30,15 +30,18 @@ def max_chars(max_len: int) -> int:
     return CHARS_PER_POSITION * max_len
 
 
-def check_text(text) -> None:
-    """Raise InputError unless `text` is a str that encodes as UTF-8 (no lone surrogates)."""
+def check_text(text, limit: int | None = None) -> str:
+    """`text[:limit]`, the part that is read; InputError unless `text` is a str and that part encodes as UTF-8
+    (no lone surrogates)."""
     if not isinstance(text, str):
         raise InputError(f"text must be a str, got {type(text).__name__}")
+    read = text[:limit]
     try:
-        text.encode("utf-8")
+        read.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise InputError(f"text is not valid Unicode: a lone surrogate {text[e.start]!r} at character {e.start}"
+        raise InputError(f"text is not valid Unicode: a lone surrogate {read[e.start]!r} at character {e.start}"
                          ) from None
+    return read
 
 
 def split_words(text: str) -> list[tuple[str, int, int]]:
@@ -140,11 +143,8 @@ class Tokenizer:
     def encode(self, text: str, max_len: int) -> Encoding:
         """[CLS] pieces [SEP], padded to max_len. Only the first max_chars(max_len) characters are read; pieces
         past max_len are dropped, a word that does not fit keeps its first pieces (truncated=True)."""
-        if not isinstance(text, str):
-            raise InputError(f"text must be a str, got {type(text).__name__}")
         limit = max_chars(max_len)
-        read = text[:limit]
-        check_text(read)  # what is never read cannot matter: the check stays bounded too
+        read = check_text(text, limit)  # what is never read cannot matter: the check stays bounded too
         words = split_words(read)
         ids, word_index, kept = [self.cls_id], [-1], 0
         truncated = len(text) > limit and not text[limit:].isspace()
