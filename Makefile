@@ -26,7 +26,7 @@ lint: install
 
 test: install lint
 	# Two workers, one test file each (module fixtures and stage-cache reuse stay within a file), one thread each.
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=25
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=40
 
 clean:
 	rm -rf build .pytest_cache

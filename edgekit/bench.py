@@ -87,24 +87,26 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
     return out
 
 
-def decoding_latency(package: str, runtime: str, raw_path: str, texts: list[str], threads: int = 1,
-                     unfused_path: str | None = None) -> list[dict]:
-    """[with decoding, without(, unfused)] latency: the package's graph, the same model exported without the
-    decoding graph (`raw_path`) and, for ONNX, the package's graph before offline fusion (`unfused_path`),
-    timed utterance by utterance in alternation."""
+def decoding_latency(package: str, runtime: str, texts: list[str], threads: int = 1, raw_path: str | None = None,
+                     unfused_path: str | None = None) -> dict:
+    """{"decoding", "raw", "unfused"} latency: the package's graph, the same model exported without the decoding
+    graph (`raw_path`, when the build exported it) and, for ONNX, the package's graph before offline fusion
+    (`unfused_path`), timed utterance by utterance in alternation."""
     from edgekit.runtime.backends import open_backend, set_threads
     from edgekit.runtime.predictor import alternating_latency
 
     set_threads(threads)
     pkg = Package.load(package)
     p = Predictor.open(pkg, runtime, threads=threads)
-    preds = [p, Predictor(open_backend(runtime, raw_path, threads, pkg.buckets(runtime)), p.tokenizer, p.labels,
-                          p.max_len, decoding=False)]  # exported with the same buckets
+    preds = {"decoding": p}
+    if raw_path:  # exported with the same buckets
+        preds["raw"] = Predictor(open_backend(runtime, raw_path, threads, pkg.buckets(runtime)), p.tokenizer,
+                                 p.labels, p.max_len, decoding=False)
     if unfused_path:
-        preds.append(Predictor(open_backend(runtime, unfused_path, threads, pkg.buckets(runtime)), p.tokenizer,
-                               p.labels, p.max_len, decoding=True, batched=p.batched))
+        preds["unfused"] = Predictor(open_backend(runtime, unfused_path, threads, pkg.buckets(runtime)), p.tokenizer,
+                                     p.labels, p.max_len, decoding=True, batched=p.batched)
     # Ten rounds (a few seconds): single runs of three rounds moved by several points with the machine's state.
-    return alternating_latency(preds, texts, rounds=10)
+    return dict(zip(preds, alternating_latency(list(preds.values()), texts, rounds=10)))
 
 
 def batch_throughput(package: str, texts: list[str], batches: list[int], threads: int = 1,

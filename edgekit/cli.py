@@ -311,7 +311,7 @@ def compare(
                                  "after) or the URL of a running edgekit serve on this machine."),
     data: Path = typer.Option(..., "--data", help="The dataset both were built on: dev calibrates the cascade, "
                               "test is measured."),
-    out: Path = typer.Option(Path("compare"), help="Folder for compare.json and the plots."),
+    out: Path = typer.Option(Path("compare"), help="Folder for compare.json, compare.md (the table) and the plots."),
     n: int = typer.Option(300, help="Test utterances timed one by one on each side."),
     load_seconds: float = typer.Option(20.0, help="Length of the `high` load test against the server."),
     record: bool = typer.Option(True, help="Write the chosen cascade threshold into the device manifest."),

@@ -289,10 +289,11 @@ def record_threshold(device: Path, tau: float, timeout_s: float | None = None) -
     return Package.load(device).digest
 
 
-def table(res: dict):
-    """The side-by-side table (rich)."""
-    from rich.table import Table
+COLUMNS = ("", "size", "intent acc", "slot F1", "p50 ms", "p99 ms", "how")
 
+
+def rows(res: dict) -> list[tuple[str, ...]]:
+    """The side-by-side table's rows (COLUMNS), as text: the terminal table and compare.md print the same."""
     def pct(x):
         return "—" if x is None else f"{100 * x:.2f}"
 
@@ -300,33 +301,52 @@ def table(res: dict):
         return "—" if not b else f"{b / 1e6:.2f} MB"
 
     d, s, c, net = res["device"], res["server"], res["cascade"], res["network"]
-    t = Table(title=f"device vs server on {res['data']} (test, {res['utterances']['test']} utterances)")
-    for col in ("", "size", "intent acc", "slot F1", "p50 ms", "p99 ms", "how"):
-        t.add_column(col, justify="left" if col in ("", "how") else "right")
-    da, sa = d["accuracy"]["test"], s["accuracy"]["test"]
-    t.add_row("device", size(d["size_bytes"]), pct(da["intent_acc"]), pct(da.get("slot_f1")),
-              f"{d['latency_ms']['p50']:.2f}", f"{d['latency_ms']['p99']:.2f}",
-              f"measured: {d['runtime']}, {d['threads']} thread(s), in process")
-    t.add_row("server, one at a time", size(s.get("size_bytes")), pct(sa["intent_acc"]), pct(sa.get("slot_f1")),
-              f"{s['latency_ms']['p50']:.2f}", f"{s['latency_ms']['p99']:.2f}", "measured: HTTP on loopback")
-    lo = s["load"]["latency_ms"]
-    t.add_row(f"server, {s['load']['profile']} load", "", "", "", f"{lo['p50']:.2f}", f"{lo['p99']:.2f}",
-              f"measured: {s['load']['concurrency']} concurrent, {s['load']['throughput_rps']:.1f} req/s")
+    da, sa, lo = d["accuracy"]["test"], s["accuracy"]["test"], s["load"]["latency_ms"]
+    out = [("device", size(d["size_bytes"]), pct(da["intent_acc"]), pct(da.get("slot_f1")),
+            f"{d['latency_ms']['p50']:.2f}", f"{d['latency_ms']['p99']:.2f}",
+            f"measured: {d['runtime']}, {d['threads']} thread(s), in process"),
+           ("server, one at a time", size(s.get("size_bytes")), pct(sa["intent_acc"]), pct(sa.get("slot_f1")),
+            f"{s['latency_ms']['p50']:.2f}", f"{s['latency_ms']['p99']:.2f}", "measured: HTTP on loopback"),
+           (f"server, {s['load']['profile']} load", "", "", "", f"{lo['p50']:.2f}", f"{lo['p99']:.2f}",
+            f"measured: {s['load']['concurrency']} concurrent, {s['load']['throughput_rps']:.1f} req/s")]
     for name, rtt in net["rtt_ms"].items():
-        t.add_row(f"server + {name}", "", "", "", f"{s['latency_ms']['p50'] + rtt:.2f}",
-                  f"{s['latency_ms']['p99'] + rtt * net['p99_rtt_factor']:.2f}",
-                  f"modeled: + {rtt:g} ms round trip (p99 + {rtt * net['p99_rtt_factor']:g})")
+        out.append((f"server + {name}", "", "", "", f"{s['latency_ms']['p50'] + rtt:.2f}",
+                    f"{s['latency_ms']['p99'] + rtt * net['p99_rtt_factor']:.2f}",
+                    f"modeled: + {rtt:g} ms round trip (p99 + {rtt * net['p99_rtt_factor']:g})"))
     ca = c["test"]
     for name, ms in ca["expected_ms"].items():
-        t.add_row(f"cascade, {name}", size(d["size_bytes"]), pct(ca["accuracy"]["intent_acc"]),
-                  pct(ca["accuracy"].get("slot_f1")), f"{ms:.2f}", "",
-                  f"expected: τ {c['threshold']:.4f}, {100 * ca['escalation']:.1f}% escalated")
+        out.append((f"cascade, {name}", size(d["size_bytes"]), pct(ca["accuracy"]["intent_acc"]),
+                    pct(ca["accuracy"].get("slot_f1")), f"{ms:.2f}", "",
+                    f"expected: τ {c['threshold']:.4f}, {100 * ca['escalation']:.1f}% escalated"))
+    return out
+
+
+def title(res: dict) -> str:
+    return f"device vs server on {res['data']} (test, {res['utterances']['test']} utterances)"
+
+
+def table(res: dict):
+    """The side-by-side table (rich)."""
+    from rich.table import Table
+
+    t = Table(title=title(res))
+    for col in COLUMNS:
+        t.add_column(col, justify="left" if col in ("", "how") else "right")
+    for row in rows(res):
+        t.add_row(*row)
     return t
+
+
+def markdown(res: dict) -> str:
+    """The same table in Markdown (compare.md), to paste into a README or a pull request."""
+    lines = [f"{title(res)}", "", "| " + " | ".join(COLUMNS) + " |",
+             "|" + "|".join("---" if c in ("", "how") else "---:" for c in COLUMNS) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows(res)]) + "\n"
 
 
 def write(res: dict, out: Path) -> dict[str, str]:
     """compare.json and its plots into `out`; returns {kind: file name}."""
-    from edgekit.io import write_json
+    from edgekit.io import write_json, write_text
     from edgekit.plots import cascade_plot, latency_cdf, stages
 
     out.mkdir(parents=True, exist_ok=True)
@@ -337,6 +357,7 @@ def write(res: dict, out: Path) -> dict[str, str]:
         plots.pop("stages")
     res["plots"] = plots
     write_json(out / "compare.json", res)
+    write_text(out / "compare.md", markdown(res))
     return plots
 
 
@@ -346,8 +367,14 @@ def finish(res: dict, device: Path, out: Path, record: bool) -> list[str]:
     c = res["cascade"]
     lines = [f"cascade: τ {c['threshold']:.4f} chosen on dev (fewest escalations within {c['max_gap_pts']:g} pt of "
              f"the server alone); test: {100 * c['test']['escalation']:.1f}% escalated"]
+    dev = c["dev"]
+    if dev["escalation"] == 0:  # say why nothing escalates, so τ = 0 does not read as a failure to calibrate
+        lines.append(f"  on dev the device alone is already within {c['max_gap_pts']:g} pt of the server "
+                     f"({100 * dev['device_accuracy']:.2f} against {100 * dev['server_accuracy']:.2f}): "
+                     "escalating buys nothing there")
     if record:
         digest = record_threshold(device, c["threshold"])
         lines.append(f"recorded cascade.threshold in {device}/manifest.json; new package digest sha256:{digest}")
     plots = write(res, out)
-    return lines + [f"written: {out / 'compare.json'}, " + ", ".join(str(out / p) for p in plots.values())]
+    return lines + [f"written: {out / 'compare.json'}, {out / 'compare.md'}, "
+                    + ", ".join(str(out / p) for p in plots.values())]

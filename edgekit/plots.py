@@ -113,7 +113,7 @@ def latency_cdf(res: dict, path: Path) -> Path:
 def cascade_plot(res: dict, path: Path) -> Path:
     """`edgekit compare`: cascade accuracy and expected latency against the escalation rate (test), with the
     threshold chosen on dev marked and the device and server alone as reference lines."""
-    plt, fig, ax = _figure()
+    plt, fig, ax = _figure(h=5.2)
     c = res["cascade"]
     pts = c["test_curve"]
     x = [100 * p["escalation"] for p in pts]
@@ -135,7 +135,8 @@ def cascade_plot(res: dict, path: Path) -> Path:
     ax2.set_ylabel("expected latency (ms)")
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, loc="center right", fontsize=7)
+    # below the axes: inside, it hid the accuracy curve wherever it sat
+    ax.legend(h1 + h2, l1 + l2, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=7)
     ax.set_title("Device-first cascade (test split)")
     return _save(plt, fig, path)
 

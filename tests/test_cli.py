@@ -64,8 +64,8 @@ def test_predict_json_on_built_package(tmp_path, tiny_bert):
     out = tmp_path / "pkg"
     res = run("build", "--data", str(DEMO), "--out", str(out), "--base-model", str(tiny_bert), "--set",
               "teacher.epochs=1", "--set", "teacher.steps_limit=3", "--set", "package.buckets=[]", "--set",
-              "package.bench_utterances=0", "--stages",
-              "teacher,export,package")
+              "package.bench_utterances=0", "--set", "decoding.compare_argmax=false",
+              "--stages", "teacher,export,package")
     assert res.returncode == 0, res.stderr[-2000:]
     for rt, text in [("executorch", "😀 ¿qué?"), ("executorch", ""), ("onnx", "set an alarm for 7 am")]:
         r = run("predict", str(out), text, "--runtime", rt)
@@ -127,7 +127,8 @@ def test_over_budget_build_ships_the_best_try_with_exit_code_3(tmp_path, tiny_be
                        "[budget]\nintent_drop_pts = -5.0\n[compress]\nvocab_budget = 340\nmax_retries = 0\n")
     out = tmp_path / "o"
     res = run("build", "--data", str(DEMO), "--out", str(out), "--base-model", str(tiny_bert), "--target",
-              str(profile), "--set", "teacher.epochs=1", "--set", "teacher.steps_limit=3")
+              str(profile), "--set", "teacher.epochs=1", "--set", "teacher.steps_limit=3", "--set",
+              "package.bench_utterances=0", "--set", "decoding.compare_argmax=false")
     assert res.returncode == 3, res.stderr[-2000:]
     assert "over budget: stage trim_vocab" in res.stderr and (out / "manifest.json").is_file()
     assert json.loads((out / "report.json").read_text())["over_budget"][0]["stage"] == "trim_vocab"

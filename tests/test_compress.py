@@ -15,7 +15,8 @@ from edgekit.build.gating import BudgetMissed
 from .conftest import DEMO
 
 FAST = {"teacher": {"epochs": 3, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2},
-        "package": {"bench_utterances": 0}}  # stages, gates and the cache: no latency measured
+        "package": {"bench_utterances": 0}, "decoding": {"compare_argmax": False}}
+# stages, gates and the cache: no latency measured, no argmax graph exported beside the package's
 # These tests are about stages, gates and the cache: one runtime (ONNX Runtime, the faster export) is enough.
 
 
@@ -138,7 +139,8 @@ def test_a_build_killed_in_distill_reuses_teacher_trim_and_prune(tmp_path, tiny_
     target = profile(tmp_path, intent_drop_pts=100.0, slot_f1_drop_pts=100.0)
     args = [sys.executable, "-m", "edgekit.cli", "build", "--data", str(DEMO), "--out", str(tmp_path / "o"),
             "--base-model", str(tiny_bert), "--target", target, "--set", "teacher.epochs=2",
-            "--set", "distill.epochs=40", "--cache", str(tmp_path / "cache")]
+            "--set", "distill.epochs=40", "--set", "decoding.compare_argmax=false", "--set",
+            "package.bench_utterances=0", "--cache", str(tmp_path / "cache")]
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     seen, t0 = [], time.time()
     for line in proc.stderr:  # kill it as soon as distillation starts

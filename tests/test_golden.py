@@ -42,6 +42,7 @@ lr = 5e-3
 head_lr = 1e-2
 [decoding]
 oos_far = 0.05
+compare_argmax = false  # the answers are pinned; the argmax graph beside them is not
 [quantize]
 calib_samples = 32
 embedding_bits = 4

@@ -11,6 +11,7 @@ from .conftest import DEMO
 
 BASIC = ["teacher", "export", "package"]
 TEACHER = {"teacher": {"epochs": 4, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2}}
+NO_ARGMAX = {"decoding": {"compare_argmax": False}}  # builds that do not look at the argmax comparison
 
 
 @pytest.fixture(scope="module")
@@ -155,21 +156,31 @@ def test_changed_training_line_retrains_from_the_teacher(built, tiny_bert, tmp_p
     data = tmp_path / "demo.jsonl"
     data.write_text("\n".join(lines) + "\n")
     rep = build(BuildConfig(data=str(data), out=str(tmp_path / "o"), base_model=str(tiny_bert), stages=BASIC,
-                            settings={**TEACHER, "package": {"buckets": [], "bench_utterances": 0}}))
+                            settings={**TEACHER, "package": {"buckets": [], "bench_utterances": 0}, **NO_ARGMAX}))
     assert [s["reused"] for s in rep["stages"]] == [False, False, False]
     assert rep["stages"][0]["key"] != built[1]["stages"][0]["key"]
 
 
-def test_intent_only_csv_build(tmp_path, tiny_bert):
+def test_intent_only_csv_build(tmp_path, tiny_bert, stage_cache):
     rows = [json.loads(line) for line in DEMO.read_text().splitlines()]
     csv = tmp_path / "intents.csv"
     csv.write_text("query,intent\n" + "".join(f'"{r["text"]}",{r["intent"]}\n' for r in rows))
     out = tmp_path / "pkg"
     rep = build(BuildConfig(data=str(csv), out=str(out), base_model=str(tiny_bert), stages=BASIC,
                             settings={"teacher": {"epochs": 1, "steps_limit": 3},
-                                      "package": {"buckets": [], "bench_utterances": 0}}))
+                                      "package": {"buckets": [], "bench_utterances": 20}, **NO_ARGMAX}))
     assert rep["dataset"]["format"] == "csv" and rep["dataset"]["slot_tags"] == 0
     assert all(s["slot_f1"] is None for s in rep["stages"])
+    # decoding.compare_argmax = false: no graph without decoding is exported, measured or reported
+    export = next(p for p in rep["passes"] if p["name"] == "export")["extra"]
+    for rt in ("executorch", "onnx"):
+        assert not {"argmax", "raw_parity", "raw_bytes"} & export[rt]["extra"]["decoding"].keys()
+        assert rep["latency"][rt]["p50_ms"] > 0 and "without_decoding" not in rep["latency"][rt]
+    key = next(s["key"] for s in rep["stages"] if s["name"] == "export")
+    assert (stage_cache / "export" / key).is_dir() and not list((stage_cache / "export" / key).rglob("raw.*"))
+    md = (out / "report.md").read_text()  # argmax slot F1, slot F1 (no slots), argmax invalid BIO: not there
+    assert "| executorch | — | — | — | 0 |" in md and "not exported in this build" in md
+    assert "The graph without decoding was not exported" in md
     pkg = Package.load(out)
     assert pkg.manifest["outputs"] == ["intent", "confidence"]
     for rt in ("executorch", "onnx"):
@@ -191,7 +202,7 @@ def test_out_of_scope_data_gets_a_calibrated_threshold_and_a_curve(tmp_path, tin
                    + "".join(f"{t},oos\n" for t in oos))
     out = tmp_path / "pkg"
     rep = build(BuildConfig(data=str(csv), out=str(out), base_model=str(tiny_bert), stages=BASIC,
-                            settings={**TEACHER, "package": {"buckets": [], "bench_utterances": 0}}))
+                            settings={**TEACHER, "package": {"buckets": [], "bench_utterances": 0}, **NO_ARGMAX}))
     d = next(p for p in rep["passes"] if p["name"] == "export")["extra"]["decoding"]
     cands = d["candidates"]
     assert {(c["oos_in_softmax"], c["score"]) for c in cands.values()} == {(a, b) for a in (True, False)
@@ -239,7 +250,7 @@ def test_quantized_build_reuses_the_teacher_and_rebuilds_int8_from_its_record(bu
     out = tmp_path / "int8"
     stages = ["teacher", "quantize", "export", "fuse", "package"]
     settings = {**TEACHER, "quantize": {"embedding_bits": 8, "calib_samples": 64, "method": "minmax"},
-                "package": {"buckets": [], "bench_utterances": 50}}
+                "package": {"buckets": [], "bench_utterances": 50}, **NO_ARGMAX}
     cfg = BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), stages=stages, settings=settings)
     rep = build(cfg)
     assert [s["name"] for s in rep["stages"]] == stages

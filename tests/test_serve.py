@@ -22,6 +22,7 @@ pytestmark = pytest.mark.serve
 # Ray Serve is the `serve` extra, which `make` (and so CI) installs; a bare `pip install -e .` has no server.
 ray = pytest.importorskip("ray", reason="Ray Serve is the serve extra: pip install -e '.[serve]'")
 SETTINGS = {"teacher": {"epochs": 4, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2}, "package": {"bench_utterances": 0},
+            "decoding": {"compare_argmax": False},
             "serve": {"threads": 1, "max_batch": 16, "max_text_chars": 200, "batch_wait_ms": 25.0}}
 TEXTS = [json.loads(line)["text"] for line in DEMO.read_text().splitlines()]
 
@@ -245,6 +246,10 @@ def test_compare_starts_the_server_measures_both_and_records_the_threshold(packa
     for png in res["plots"].values():
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "device vs server" in r.stdout and "server, one at a time" in r.stdout and "cascade" in r.stdout
+    md = (out / "compare.md").read_text().splitlines()  # the same rows in Markdown, for a README
+    assert md[2].startswith("|  | size | intent acc |") and md[4].startswith("| device | ")
+    assert f"| {100 * res['device']['accuracy']['test']['intent_acc']:.2f} |" in md[4]
+    assert sum(line.startswith("| cascade, ") for line in md) == len(res["network"]["rtt_ms"])
     # the server it started is gone: its port no longer answers
     import re
 

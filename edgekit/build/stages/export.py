@@ -2,7 +2,8 @@
 artifact checked against eager and scored on the whole test split through its own runtime.
 
 The raw graph (logits, argmax decoding) is exported beside it, so that plain argmax and constrained decoding
-are compared on the same runtime, and so is their latency (package stage).
+are compared on the same runtime, and so is their latency (package stage); `decoding.compare_argmax = false`
+skips it.
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ def run(ctx: Context) -> ExportResult:
     t0 = time.perf_counter()
     exporters = {"executorch": (export_executorch, ExecuTorchExportConfig(ctx.max_len, ctx.length_stats["buckets"])),
                  "onnx": (export_onnx, onnx_config(ctx))}
-    model = ctx.model
+    model, compare = ctx.model, ctx.settings.decoding.compare_argmax  # compare: the raw graph beside it
     decoded, drec = decoding_graph(ctx, model)
     test = ctx.data.splits["test"]
     eager = predict_eager(decoded, test, ctx.tokenizer, ctx.labels, ctx.max_len, reject=False)
@@ -172,27 +173,30 @@ def run(ctx: Context) -> ExportResult:
         if runtime == "onnx" and fp32 is not None:
             dm, _ = with_decoding(fp32, config_from_record(ctx.labels, rec.extra["decoding"]))
             r = _onnx_int8(ctx, dm, ecfg, path, True)
-            raw = _onnx_int8(ctx, fp32, ecfg, raw_path, False)
+            raw = _onnx_int8(ctx, fp32, ecfg, raw_path, False) if compare else None
         else:
             r = fn(decoded, ecfg, path, check_inputs(ctx, True))
-            raw = fn(model, ecfg, raw_path, check_inputs(ctx, False))
+            raw = fn(model, ecfg, raw_path, check_inputs(ctx, False)) if compare else None
         answers = runtime_answers(ctx, runtime, path, True)
         r.metrics = score(test, answers, ctx.labels)
         r.extra["agreement_with_eager"] = agreement(answers, eager)
-        raw_answers = runtime_answers(ctx, runtime, raw_path, False)
         shipped = runtime_answers(ctx, runtime, path, True, reject=True)  # as the app gets them by default
         rejecting = score(test, shipped, ctx.labels)
-        r.metrics["slot_f1_argmax"] = score(test, raw_answers, ctx.labels).get("slot_f1")
-        r.extra["decoding"] = {
-            "argmax": {"slot_f1": r.metrics["slot_f1_argmax"],
-                       "invalid_bio": invalid_bio([a.get("tags") for a in raw_answers])},
-            "constrained": {"slot_f1": r.metrics.get("slot_f1"),
-                            "invalid_bio": invalid_bio([a.get("tags") for a in answers])},
-            "with_rejection": {k: rejecting.get(k) for k in ("intent_acc", "in_scope_acc", "oos_recall")},
-            "rejected_share": sum(a["intent"] == (ctx.data.oos_label or OOS) for a in shipped) / len(test),
-            "raw_parity": raw.extra["parity"], "raw_bytes": raw.bytes_after,
-            "raw_delegation": {k: raw.extra[k] for k in ("delegated_share", "delegated_compute_ops",
-                                                         "portable_compute_ops") if k in raw.extra}}
+        dec = {}
+        if raw is not None:
+            raw_answers = runtime_answers(ctx, runtime, raw_path, False)
+            r.metrics["slot_f1_argmax"] = score(test, raw_answers, ctx.labels).get("slot_f1")
+            dec["argmax"] = {"slot_f1": r.metrics["slot_f1_argmax"],
+                             "invalid_bio": invalid_bio([a.get("tags") for a in raw_answers])}
+        dec |= {"constrained": {"slot_f1": r.metrics.get("slot_f1"),
+                                "invalid_bio": invalid_bio([a.get("tags") for a in answers])},
+                "with_rejection": {k: rejecting.get(k) for k in ("intent_acc", "in_scope_acc", "oos_recall")},
+                "rejected_share": sum(a["intent"] == (ctx.data.oos_label or OOS) for a in shipped) / len(test)}
+        if raw is not None:
+            dec |= {"raw_parity": raw.extra["parity"], "raw_bytes": raw.bytes_after,
+                    "raw_delegation": {k: raw.extra[k] for k in ("delegated_share", "delegated_compute_ops",
+                                                                 "portable_compute_ops") if k in raw.extra}}
+        r.extra["decoding"] = dec
         rec.extra[runtime] = r.to_dict()
         rec.warnings += r.warnings
         log.info("%s: %s bytes, agreement with eager %.4f, max abs diff %.2e", runtime, r.bytes_after,

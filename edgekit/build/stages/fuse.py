@@ -65,10 +65,12 @@ def run(ctx: Context) -> FuseResult:
     files = {}
     if runtime == "onnx":
         rec.extra["onnx"] = _fuse(ctx, ctx.export.dir / MODEL_FILES["onnx"], ctx.work / MODEL_FILES["onnx"], True)
-        rec.extra["onnx_raw"] = _fuse(ctx, ctx.export.dir / raw_name("onnx"), ctx.work / raw_name("onnx"), False)
+        rec.warnings += rec.extra["onnx"].pop("warnings")
+        if (ctx.export.dir / raw_name("onnx")).is_file():  # not with decoding.compare_argmax = false
+            rec.extra["onnx_raw"] = _fuse(ctx, ctx.export.dir / raw_name("onnx"), ctx.work / raw_name("onnx"), False)
+            rec.warnings += rec.extra["onnx_raw"].pop("warnings")
         rec.bytes_before = (ctx.export.dir / MODEL_FILES["onnx"]).stat().st_size
         files["onnx"] = MODEL_FILES["onnx"]
-        rec.warnings += rec.extra["onnx"].pop("warnings") + rec.extra["onnx_raw"].pop("warnings")
     path = (ctx.work if files else ctx.export.dir) / MODEL_FILES[runtime]
     rec.metrics = score(ctx.data.splits["test"], runtime_answers(ctx, runtime, path, True), ctx.labels)
     rec.bytes_after, rec.seconds = path.stat().st_size, time.perf_counter() - t0
