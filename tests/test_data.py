@@ -83,11 +83,18 @@ def test_csv_with_alias_columns_and_stratified_split(tmp_path):
     assert [e.text for e in again.splits["test"]] == [e.text for e in ds.splits["test"]]
 
 
-def test_csv_bad_row_names_line(tmp_path):
-    f = tmp_path / "d.csv"
-    f.write_text('text,label\nhello there,greet\n"only one field"\n')
-    with pytest.raises(DataError, match=r"d\.csv:3:"):
-        load_dataset(f)
+@pytest.mark.parametrize("name, text, fmt, message", [
+    ("d.csv", 'text,label\nhello there,greet\n"only one field"\n', None, r"d\.csv:3:"),  # a bad row: its line
+    # a lone surrogate escape in JSON data: its line (it crashed the build's length count)
+    ("d.jsonl", '{"text": "stop it", "intent": "b"}\n{"text": "play \\ud800 now", "intent": "a"}\n', None,
+     r"d\.jsonl:2: a lone surrogate \(\\ud800\)"),
+    ("d.csv", "text,label\nhello there,greet\n", "split-files", "reads a folder"),  # that format on a file
+])
+def test_bad_data_is_one_clear_error(tmp_path, name, text, fmt, message):
+    f = tmp_path / name
+    f.write_text(text)
+    with pytest.raises(DataError, match=message):
+        load_dataset(f, fmt)
 
 
 def test_jsonl_char_spans_become_bio(tmp_path):
@@ -348,17 +355,3 @@ def test_jsonl_text_holding_a_unicode_line_separator_stays_one_row(tmp_path):
                          [{"text": "play\u2028queen", "intent": "music"}] + _two_intents()), encoding="utf-8")
     ds = load_dataset(f)
     assert sum(len(s) for s in ds.splits.values()) == 21
-
-
-def test_a_lone_surrogate_escape_in_json_data_names_the_line(tmp_path):
-    f = tmp_path / "d.jsonl"
-    f.write_text('{"text": "stop it", "intent": "b"}\n{"text": "play \\ud800 now", "intent": "a"}\n')
-    with pytest.raises(DataError, match=r"d\.jsonl:2: a lone surrogate \(\\ud800\)"):
-        load_dataset(f)
-
-
-def test_the_split_files_format_on_a_file_is_one_clear_error(tmp_path):
-    f = tmp_path / "d.csv"
-    f.write_text("text,label\nhello there,greet\n")
-    with pytest.raises(DataError, match="reads a folder"):
-        load_dataset(f, "split-files")
