@@ -3,7 +3,8 @@
 Kept: every piece the teacher's tokenizer produces on the task corpus, the specials, the 256 byte-fallback
 pieces (so no input becomes a bare unknown), and the single-character pieces of every corpus character (so
 words whose pieces fall outside a budget still split into known pieces). Under a budget the most frequent
-pieces stay. The embedding rows are gathered to the kept pieces' new ids.
+pieces stay. The embedding rows are gathered to the kept pieces' new ids. The new model's normalizer keeps the CJK and
+Hangul rules for the characters of its pieces and of the corpus (edgekit.normalizer).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from dataclasses import dataclass
 
 from edgekit.model import JointModel, count_params, factorize_embeddings, gather_embeddings, param_bytes
 from edgekit.record import PassRecord, PassResult
-from edgekit.runtime.tokenizer import WORD_START, SentencePieceTokenizer, basic_split
+from edgekit.runtime.tokenizer import WORD_START, SentencePieceTokenizer
 from edgekit.vocab import N_FIXED, build_model_proto, normal_pieces
+from edgekit.wordpiece import basic_split
 
 
 @dataclass
@@ -82,11 +84,12 @@ def trim_vocab(model: JointModel, tokenizer: SentencePieceTokenizer, corpus: lis
     counts, chars = piece_counts(tok, corpus)
     full = select_pieces(tok, counts, chars, None)
     kept = select_pieces(tok, counts, chars, cfg.budget) if cfg.budget else full
-    new_tok = SentencePieceTokenizer(build_model_proto(kept), tok.lowercase)
+    new_tok = SentencePieceTokenizer(build_model_proto(kept, tok.lowercase, corpus), tok.lowercase)
     rows = list(range(N_FIXED)) + [tok.sp.piece_to_id(p) for p in kept]
     gather_embeddings(model, rows, cfg.max_positions)
     energy = factorize_embeddings(model, cfg.embedding_rank) if cfg.embedding_rank else None
-    full_tok = new_tok if kept is full else SentencePieceTokenizer(build_model_proto(full), tok.lowercase)
+    full_tok = new_tok if kept is full else SentencePieceTokenizer(build_model_proto(full, tok.lowercase, corpus),
+                                                                        tok.lowercase)
     rec.params_after, rec.bytes_after = count_params(model), param_bytes(model)
     rec.extra = {
         "vocab_before": tok.vocab_size,

@@ -11,6 +11,7 @@ Ids 0-3 are <pad>, <unk>, [CLS], [SEP]; 4-259 the 256 byte-fallback pieces; then
 
 from __future__ import annotations
 
+from edgekit.normalizer import ALL, compile_normalizer
 from edgekit.runtime.tokenizer import WORD_START, SentencePieceTokenizer
 
 SPECIALS = [("<pad>", "[PAD]"), ("<unk>", "[UNK]"), ("[CLS]", "[CLS]"), ("[SEP]", "[SEP]")]
@@ -26,8 +27,10 @@ def wordpiece_to_sp(piece: str) -> str:
     return piece[2:] if piece.startswith("##") else WORD_START + piece
 
 
-def build_model_proto(pieces: list[str]) -> bytes:
-    """Serialize a Unigram SentencePiece model: fixed specials and bytes, then `pieces` (SP form, unique)."""
+def build_model_proto(pieces: list[str], lowercase: bool = True, corpus=(), keep=None) -> bytes:
+    """Serialize a Unigram SentencePiece model: fixed specials and bytes, then `pieces` (SP form, unique), with
+    BERT's basic pre-tokenizer compiled into its normalizer (`edgekit.normalizer.compile_normalizer`: the CJK
+    and Hangul rules for what the pieces and `corpus` can read, or `keep`)."""
     from sentencepiece import sentencepiece_model_pb2 as pb
 
     T = pb.ModelProto.SentencePiece
@@ -45,10 +48,7 @@ def build_model_proto(pieces: list[str]) -> bytes:
     ts.max_sentencepiece_length = max([16] + [len(p) for p in pieces])
     ts.pad_id, ts.unk_id, ts.bos_id, ts.eos_id = 0, 1, -1, -1
     ts.pad_piece, ts.unk_piece = "<pad>", "<unk>"
-    # Normalisation (lowercase, accents, punctuation) is BERT's basic pre-tokenizer, done before SentencePiece.
-    ns = m.normalizer_spec
-    ns.name, ns.add_dummy_prefix, ns.remove_extra_whitespaces, ns.escape_whitespaces = "identity", True, True, True
-    return m.SerializeToString()
+    return compile_normalizer(m.SerializeToString(), lowercase, corpus, keep)
 
 
 def from_wordpiece(vocab: list[str], lowercase: bool = True) -> tuple[SentencePieceTokenizer, list[int]]:
@@ -66,7 +66,8 @@ def from_wordpiece(vocab: list[str], lowercase: bool = True) -> tuple[SentencePi
         pieces.append(sp)
         rows.append(i)
     fixed = [index[wp] for _, wp in SPECIALS] + [index["[UNK]"]] * 256
-    return SentencePieceTokenizer(build_model_proto(pieces), lowercase), fixed + rows
+    # Every rule: this tokenizer reads any text as the base model's WordPiece did.
+    return SentencePieceTokenizer(build_model_proto(pieces, lowercase, keep=ALL), lowercase), fixed + rows
 
 
 def normal_pieces(tok: SentencePieceTokenizer) -> list[str]:

@@ -1,4 +1,6 @@
-"""Measure the compiled normalizer against edgekit's runtime path (basic_split + sp.encode(" ".join(toks))).
+"""Measure the tokenizer.model edgekit writes (the pre-tokenizer compiled into its normalizer, which the runtime and
+any SentencePiece read alone) against the base model's own pre-tokenizer (basic_split + sp.encode(" ".join(toks))
+under the identity normalizer: edgekit.normalizer.ReferenceTokenizer), in Python and in Debian's C++ spm_encode.
 
 Run from the checkout: python examples/spm_normalizer_check.py [--sweep]  (writes build/spm-check/*)
 """
@@ -14,12 +16,13 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from edgekit.converters.spm_normalizer import compile_normalizer, is_exact
 from edgekit.converters.trim_vocab import piece_counts, select_pieces
-from edgekit.runtime.tokenizer import SentencePieceTokenizer, WordPieceTokenizer, split_words
+from edgekit.normalizer import ALL, ReferenceTokenizer, is_exact, script_chars
+from edgekit.runtime.tokenizer import SentencePieceTokenizer, split_words
 from edgekit.vocab import build_model_proto, from_wordpiece
+from edgekit.wordpiece import WordPieceTokenizer
 
-REPO = Path("/work/main")
+REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
 OUT = Path(__file__).resolve().parent.parent / "build" / "spm-check"
 OUT.mkdir(parents=True, exist_ok=True)
@@ -72,8 +75,8 @@ def cpp_ids(model: Path, lines: list[str], name: str) -> list[list[int]]:
     return [[int(i) for i in r.split()] for r in rows]
 
 
-def compare(name: str, old: SentencePieceTokenizer, texts: list[str], res: dict) -> None:
-    new_proto = compile_normalizer(old.model_proto, old.lowercase)
+def compare(name: str, tok: SentencePieceTokenizer, texts: list[str], res: dict, keep=ALL) -> None:
+    old, new_proto = ReferenceTokenizer(tok), tok.model_proto
     path = OUT / f"{name}.model"
     path.write_bytes(new_proto)
     new = spm.SentencePieceProcessor(model_proto=new_proto)
@@ -83,10 +86,10 @@ def compare(name: str, old: SentencePieceTokenizer, texts: list[str], res: dict)
     py_w = [new.encode(w) for w in words]  # raw, without the runtime's `or [unk]`
     cpp_w = cpp_ids(path, words, name + ".words")
     r = {"utterances": len(texts), "words": len(words),
-         "model_bytes_before": len(old.model_proto), "model_bytes_after": len(new_proto)}
+         "model_bytes_before": len(old.sp.serialized_model_proto()), "model_bytes_after": len(new_proto)}
     r["words_equal_py"] = sum(a == (b or [unk]) for a, b in zip(old_w, py_w))
     r["words_equal_cpp_vs_py"] = sum(a == b for a, b in zip(py_w, cpp_w))
-    r["words_inexact_by_rule"] = sum(not is_exact(w, old.lowercase) for w in words)
+    r["words_inexact_by_rule"] = sum(not is_exact(w, old.lowercase, keep) for w in words)
     bad = [(w, a, b) for w, a, b in zip(words, old_w, py_w) if a != (b or [unk])]
     r["word_mismatch_examples"] = [(repr(w), a, b) for w, a, b in bad[:10]]
     # utterance level: per word, and the whole utterance in one encode
@@ -143,8 +146,9 @@ def main() -> None:
         compare(f"full.{name}", full, texts, res)
     for name, texts in train.items():  # the package's model: trimmed to the task's train corpus, as the build does
         counts, chars = piece_counts(full, texts)
-        trimmed = SentencePieceTokenizer(build_model_proto(select_pieces(full, counts, chars, None)))
-        compare(f"trim.{name}", trimmed, sets[name] + HARD, res)
+        pieces = select_pieces(full, counts, chars, None)
+        trimmed = SentencePieceTokenizer(build_model_proto(pieces, corpus=texts))
+        compare(f"trim.{name}", trimmed, sets[name] + HARD, res, script_chars(pieces + texts))
     if "--sweep" in sys.argv:
         sweep(full, res)
     # how often the inexact characters occur in the four data sets (test + train)

@@ -17,9 +17,9 @@ import torch
 
 from edgekit.data import load_dataset
 from edgekit.model import default_base_model, gather_embeddings, load_pretrained
-from edgekit.runtime.tokenizer import WordPieceTokenizer
 from edgekit.training import collate, featurize, fit, joint_loss, labels_of
 from edgekit.vocab import from_wordpiece
+from edgekit.wordpiece import WordPieceTokenizer
 
 
 def main():

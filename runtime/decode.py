@@ -42,8 +42,9 @@ def spans(words: list[tuple[str, int, int]], text: str, tags: list[str]) -> list
 
 
 def intent_name(k: int, labels: dict) -> str:
-    """Intent id -> name; the id after the last intent is the reserved out-of-scope answer."""
-    return labels["intents"][k] if k < len(labels["intents"]) else labels.get("oos_label") or OOS
+    """Intent id -> name; the id after the last intent is the reserved out-of-scope answer (only a graph for data
+    without an out-of-scope class of its own answers it: otherwise the rejection id is that class)."""
+    return labels["intents"][k] if k < len(labels["intents"]) else OOS
 
 
 def decode(text: str, enc: Encoding, outputs: list[np.ndarray], labels: dict, decoded: bool = False) -> dict:

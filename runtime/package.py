@@ -5,14 +5,16 @@ This module is the whole contract between the build side and the app side.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
+SCHEMA_FILE = "manifest.schema.json"  # JSON Schema of the manifest: the runtime's copy, shipped in every package
+SCHEMA_PATH = Path(__file__).parent / SCHEMA_FILE
 
 
 class PackageError(Exception):
@@ -27,61 +29,47 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-TOKENIZERS = ("sentencepiece", "wordpiece")
 # The build writes these beside the package (report and its plots, edgekit.plots.PLOTS); not part of it.
 REPORTS = ("report.json", "report.md", "oos_curve.png", "stages.png")
-HEX = set("0123456789abcdef")
 
 
-def _name(where: str, name: object) -> str:
-    """A file the manifest points to: a plain name inside the package folder (no folders, no `..`, not absolute)."""
-    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name:
-        raise PackageError(f"{where}: {name!r} is not a file name inside the package")
-    return name
+@functools.cache
+def schema() -> dict:
+    """The JSON Schema this runtime holds manifests to (its own copy: a package's copy is data, not authority)."""
+    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+@functools.cache
+def _validator():
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(schema())
 
 
 def check_manifest(m: object, where: str = MANIFEST) -> dict:
-    """The manifest's schema, checked before any field is used: one line naming the field on failure."""
+    """The manifest against manifest.schema.json, before any field is used, then what a schema cannot say (every
+    file the manifest points to is listed in `files`): one line naming the field on failure."""
+    import jsonschema
+
     if not isinstance(m, dict):
         raise PackageError(f"{where}: expected a JSON object, got {type(m).__name__}")
     if m.get("schema_version") != SCHEMA_VERSION:
-        raise PackageError(f"{where}: schema_version {m.get('schema_version')!r}, this runtime reads {SCHEMA_VERSION}")
-    files = m.get("files")
-    if not isinstance(files, dict) or not files:
-        raise PackageError(f"{where}: files: expected an object listing the package's files")
-    for name, meta in files.items():
-        _name(f"{where}: files", name)
-        ok = (isinstance(meta, dict) and isinstance(meta.get("sha256"), str) and len(meta["sha256"]) == 64
-              and set(meta["sha256"]) <= HEX and isinstance(meta.get("bytes"), int) and meta["bytes"] >= 0)
-        if not ok:
-            raise PackageError(f"{where}: files.{name}: expected {{\"sha256\": 64 hex digits, \"bytes\": int}}")
-    models = m.get("models")
-    if not isinstance(models, dict) or not models:
-        raise PackageError(f"{where}: models: expected an object {{runtime: file}}")
-    tok = m.get("tokenizer")
-    if not isinstance(tok, dict) or tok.get("type") not in TOKENIZERS:
-        raise PackageError(f"{where}: tokenizer.type: expected one of {', '.join(TOKENIZERS)}, got "
-                           f"{tok.get('type') if isinstance(tok, dict) else tok!r}")
-    refs = {f"models.{k}": v for k, v in models.items()} | {"labels": m.get("labels"), "tokenizer.file": tok.get("file")}
+        raise PackageError(f"{where}: schema_version {m.get('schema_version')!r}, this runtime reads {SCHEMA_VERSION}"
+                           + (" (rebuild the package with this edgekit)" if m.get("schema_version") == 1 else ""))
+    err = jsonschema.exceptions.best_match(_validator().iter_errors(m))
+    if err is not None:
+        field = ".".join(map(str, err.absolute_path)) or "(the manifest)"
+        what = err.schema.get("description") if err.validator == "pattern" else None  # not the regex itself
+        raise PackageError(f"{where}: {field}: " + (f"{err.instance!r} is not {what}" if what else err.message))
+    files, models, tok = m["files"], m["models"], m["tokenizer"]
+    refs = {f"models.{k}": v for k, v in models.items()} | {"labels": m["labels"], "tokenizer.file": tok["file"],
+                                                           "schema": m["schema"]}
     if "tensorrt_model" in m:
         refs["tensorrt_model"] = m["tensorrt_model"]
     for key, name in refs.items():
-        if _name(f"{where}: {key}", name) not in files:
+        if name not in files:
             raise PackageError(f"{where}: {key}: {name!r} is not listed in files (its sha256 would not be checked)")
-    L = m.get("max_len")
-    if not isinstance(L, int) or isinstance(L, bool) or not 8 <= L <= 512:
-        raise PackageError(f"{where}: max_len: expected a whole number in 8..512, got {L!r}")
-    cas = m.get("cascade")
-    if cas is not None:
-        tau, t = (cas.get("threshold"), cas.get("timeout_s")) if isinstance(cas, dict) else ("?", "?")
-        if not (tau is None or (_number(tau) and 0 <= tau <= 1)) or not (_number(t) and t > 0):
-            raise PackageError(f"{where}: cascade: expected {{\"threshold\": null or a confidence in [0, 1], "
-                               f"\"timeout_s\": seconds > 0}}, got {cas!r}")
     return m
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass
@@ -130,6 +118,10 @@ class Package:
             raise PackageError(f"{root / manifest['labels']}: not valid JSON ({e})") from None
         if not isinstance(labels, dict) or not isinstance(labels.get("intents"), list):
             raise PackageError(f"{root / manifest['labels']}: expected an object with an intents list")
+        for key in ("intents", "slot_tags"):
+            if len(labels.get(key) or []) != manifest["label_sets"][key]:
+                raise PackageError(f"{root / manifest['labels']}: {key}: {len(labels.get(key) or [])} names, the "
+                                   f"manifest's label_sets.{key} says {manifest['label_sets'][key]}")
         return cls(root, manifest, labels, own)
 
     def strays(self) -> list[str]:

@@ -12,18 +12,20 @@ from edgekit.runtime.backends import BACKENDS, open_backend
 from edgekit.runtime.cascade import DEFAULT_TIMEOUT_S, Fallback
 from edgekit.runtime.decode import decode
 from edgekit.runtime.package import Package, PackageError
-from edgekit.runtime.tokenizer import Encoding, SentencePieceTokenizer, WordPieceTokenizer
+from edgekit.runtime.tokenizer import Encoding, SentencePieceTokenizer
 
 log = logging.getLogger("edgekit.runtime")
 
 
-def load_tokenizer(pkg: Package):
+def load_tokenizer(pkg: Package) -> SentencePieceTokenizer:
+    """The package's tokenizer.model (its normalizer does all pre-tokenization; the manifest's schema has checked
+    the type)."""
     spec = pkg.manifest["tokenizer"]
-    if spec["type"] == "sentencepiece":
-        return SentencePieceTokenizer.from_file(pkg.root / spec["file"], lowercase=spec.get("lowercase", True))
-    if spec["type"] == "wordpiece":
-        return WordPieceTokenizer.from_file(pkg.root / spec["file"], lowercase=spec.get("lowercase", True))
-    raise ValueError(f"unknown tokenizer type {spec['type']!r}")
+    tok = SentencePieceTokenizer.from_file(pkg.root / spec["file"], lowercase=spec["lowercase"])
+    if tok.special_ids != spec["special_ids"]:
+        raise PackageError(f"{pkg.root / spec['file']}: special ids {tok.special_ids}, the manifest's "
+                           f"tokenizer.special_ids says {spec['special_ids']}")
+    return tok
 
 
 def model_inputs(enc: Encoding, n_intents: int, decoding: bool, intent_mask: np.ndarray | None = None,

@@ -1,7 +1,11 @@
-"""Tokenizers that ship inside a package. Pure Python: this runs on the phone side.
+"""The package tokenizer: SentencePiece over whitespace words. This runs on the phone side.
 
-Words are split on whitespace (the unit slots are tagged on); each word becomes one or more
-pieces. The first piece of each word carries that word's slot tag.
+Words are the runs of non-whitespace characters (WHITESPACE below, a fixed set: no Unicode database decides it);
+slots are tagged on words. Each word goes through `SentencePieceProcessor.encode` alone and becomes one or more
+pieces (none: `<unk>`). The first piece of each word carries that word's slot tag. All normalisation (case,
+accents, punctuation, CJK, control characters) is compiled into `tokenizer.model`'s own normalizer at build time
+(`edgekit.normalizer`), so any SentencePiece implementation given the file gives these ids
+(docs/package-format.md).
 
 Bounded work: the text is cut to `max_chars(max_len)` characters before tokenization, then to max_len pieces;
 a word longer than what remains keeps its first pieces. So time and memory per call do not grow with the input.
@@ -10,12 +14,16 @@ a word longer than what remains keeps its first pieces. So time and memory per c
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
-_WS = re.compile(r"\S+")
+# The 29 code points Python 3.11's str.isspace() accepts, written out so that the word split is the spec's and not
+# the interpreter's: U+0009-000D, U+001C-001F, U+0020, U+0085, U+00A0, U+1680, U+2000-200A, U+2028-2029, U+202F,
+# U+205F, U+3000.
+WHITESPACE = "\t\n\v\f\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + \
+    "\u2028\u2029\u202f\u205f\u3000"
+_WORD = re.compile(f"[^{re.escape(WHITESPACE)}]+")
+SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "cls": "[CLS]", "sep": "[SEP]"}  # the manifest's special_ids
 CHARS_PER_POSITION = 32  # characters read per sequence position: far above any real text's ~5 per piece
 CACHE_BYTES = 4 << 20  # the per-word piece cache's budget (a long-lived Predictor stays flat)
 CACHE_WORD_CHARS = 64  # longer words are not cached: they are rare, and would fill the budget
@@ -46,48 +54,7 @@ def check_text(text, limit: int | None = None) -> str:
 
 def split_words(text: str) -> list[tuple[str, int, int]]:
     """Split text on whitespace into (word, start, end) character spans."""
-    return [(m.group(), m.start(), m.end()) for m in _WS.finditer(text)]
-
-
-def _is_punct(ch: str) -> bool:
-    cp = ord(ch)
-    # BERT treats all non-alphanumeric ASCII as punctuation, plus Unicode P* categories.
-    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
-        return True
-    return unicodedata.category(ch).startswith("P")
-
-
-def _is_cjk(cp: int) -> bool:
-    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF or 0x2A700 <= cp <= 0x2CEAF
-            or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
-
-
-def basic_split(word: str, lowercase: bool = True) -> list[str]:
-    """BERT's basic tokenizer on one whitespace word: clean, lowercase, strip accents, split punctuation."""
-    chars = []
-    for ch in word:
-        cp = ord(ch)
-        if cp == 0 or cp == 0xFFFD or unicodedata.category(ch) in ("Cc", "Cf"):
-            continue
-        chars.append(f" {ch} " if _is_cjk(cp) else ch)
-    text = "".join(chars)
-    if lowercase:
-        text = unicodedata.normalize("NFD", text.lower())
-        text = "".join(c for c in text if unicodedata.category(c) != "Mn")
-    out: list[str] = []
-    for tok in text.split():
-        cur = ""
-        for ch in tok:
-            if _is_punct(ch):
-                if cur:
-                    out.append(cur)
-                    cur = ""
-                out.append(ch)
-            else:
-                cur += ch
-        if cur:
-            out.append(cur)
-    return out
+    return [(m.group(), m.start(), m.end()) for m in _WORD.finditer(text)]
 
 
 class WordCache:
@@ -173,65 +140,16 @@ class Tokenizer:
         """Number of pieces including [CLS] and [SEP], untruncated."""
         return 2 + sum(len(self.word_ids(w)) for w, _, _ in split_words(text))
 
-class WordPieceTokenizer(Tokenizer):
-    """Greedy longest-match WordPiece over a BERT `vocab.txt`, with BERT's basic pre-tokenizer."""
-
-    def __init__(self, vocab: list[str], lowercase: bool = True, max_chars_per_word: int = 100):
-        self.vocab = vocab
-        self.index = {p: i for i, p in enumerate(vocab)}
-        for s in SPECIALS:
-            if s not in self.index:
-                raise ValueError(f"vocabulary lacks the special token {s}")
-        self.lowercase = lowercase
-        self.max_chars = max_chars_per_word
-        self.pad_id, self.unk_id = self.index["[PAD]"], self.index["[UNK]"]
-        self.cls_id, self.sep_id = self.index["[CLS]"], self.index["[SEP]"]
-
-    @classmethod
-    def from_file(cls, path: str | Path, lowercase: bool = True) -> "WordPieceTokenizer":
-        """Load a `vocab.txt` (one piece per line, the line number is the id)."""
-        vocab = Path(path).read_text(encoding="utf-8").split("\n")
-        if vocab and vocab[-1] == "":
-            vocab.pop()
-        return cls(vocab, lowercase)
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text("".join(p + "\n" for p in self.vocab), encoding="utf-8")
-
-    def _wordpiece(self, token: str) -> list[int]:
-        if len(token) > self.max_chars:
-            return [self.unk_id]
-        ids, start = [], 0
-        while start < len(token):
-            end, found = len(token), None
-            while start < end:
-                piece = token[start:end] if start == 0 else "##" + token[start:end]
-                if piece in self.index:
-                    found = self.index[piece]
-                    break
-                end -= 1
-            if found is None:
-                return [self.unk_id]
-            ids.append(found)
-            start = end
-        return ids
-
-    def word_ids(self, word: str) -> list[int]:
-        """Piece ids for one whitespace word; never empty (an all-control word becomes [UNK])."""
-        ids = [i for tok in basic_split(word, self.lowercase) for i in self._wordpiece(tok)]
-        return ids or [self.unk_id]
-
 
 WORD_START = "\u2581"  # SentencePiece's word-boundary mark
 
 
 class SentencePieceTokenizer(Tokenizer):
-    """A SentencePiece model behind BERT's basic pre-tokenizer.
+    """A SentencePiece model whose normalizer holds the pre-tokenizer: `sp.encode(word) or [unk]` per word, in the
+    same library Android and iOS apps ship. Byte fallback means no input becomes a bare unknown.
 
-    Each whitespace word is cleaned, lowercased and split at punctuation as BERT does (pure Python, a few
-    lines in any app language); the pieces joined by spaces go through `SentencePieceProcessor.encode`,
-    the same library Android and iOS apps ship. Byte fallback means no input becomes a bare unknown.
-    """
+    `lowercase` records how the build compiled the normalizer (the manifest's `tokenizer.lowercase`); the
+    model file itself decides the ids."""
 
     def __init__(self, model_proto: bytes, lowercase: bool = True):
         import sentencepiece as spm
@@ -239,9 +157,10 @@ class SentencePieceTokenizer(Tokenizer):
         self.model_proto = model_proto
         self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
         self.lowercase = lowercase
-        ids = {name: self.sp.piece_to_id(name) for name in ("<pad>", "<unk>", "[CLS]", "[SEP]")}
-        if len(set(ids.values())) != 4 or ids["<unk>"] != self.sp.unk_id():
+        ids = {k: self.sp.piece_to_id(name) for k, name in SPECIAL_PIECES.items()}
+        if len(set(ids.values())) != 4 or ids["unk"] != self.sp.unk_id():
             raise ValueError("SentencePiece model lacks <pad>, <unk>, [CLS] or [SEP]")
+        self.special_ids = ids
         self.pad_id, self.unk_id, self.cls_id, self.sep_id = ids.values()
         self._cache = WordCache()
 
@@ -266,5 +185,4 @@ class SentencePieceTokenizer(Tokenizer):
         return self._cache.get(word, self._encode_word)
 
     def _encode_word(self, word: str) -> list[int]:
-        toks = basic_split(word, self.lowercase)
-        return (self.sp.encode(" ".join(toks)) if toks else []) or [self.unk_id]
+        return self.sp.encode(word) or [self.unk_id]

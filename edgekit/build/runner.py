@@ -29,8 +29,8 @@ from edgekit.errors import EdgekitError
 from edgekit.io import write_json, write_text
 from edgekit.model import default_base_model
 from edgekit.report import render_markdown
-from edgekit.runtime.tokenizer import WordPieceTokenizer
 from edgekit.vocab import from_wordpiece
+from edgekit.wordpiece import WordPieceTokenizer
 
 log = logging.getLogger("edgekit")
 REGISTRY: dict[str, Callable[[Context], StageResult]] = {}

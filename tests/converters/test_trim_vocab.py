@@ -6,8 +6,8 @@ import torch
 
 from edgekit.converters.trim_vocab import TrimVocabConfig, trim_vocab
 from edgekit.model import JointModel, ModelConfig, gather_embeddings
-from edgekit.runtime.tokenizer import WordPieceTokenizer
 from edgekit.vocab import N_FIXED, from_wordpiece
+from edgekit.wordpiece import WordPieceTokenizer
 
 from ..conftest import SHARED, make_vocab
 

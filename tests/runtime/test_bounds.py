@@ -17,10 +17,10 @@ from edgekit.runtime.tokenizer import (
     CACHE_BYTES,
     InputError,
     SentencePieceTokenizer,
-    WordPieceTokenizer,
     max_chars,
     split_words,
 )
+from edgekit.wordpiece import WordPieceTokenizer
 
 from ..conftest import DEMO
 

@@ -3,24 +3,40 @@ small hand-made package (no model is loaded by these checks)."""
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
-from edgekit.runtime.package import Package, PackageError
+from edgekit.runtime.package import SCHEMA_FILE, SCHEMA_PATH, Package, PackageError
+
+FILES = ["model.onnx", "tokenizer.model", "labels.json", SCHEMA_FILE]
 
 
 def write_package(root, **over):
-    """A package folder whose files are small byte strings, with a manifest listing them (`over` edits it)."""
+    """A package folder whose files are small byte strings, with a full schema-2 manifest listing them (`over`
+    edits it)."""
     root.mkdir(parents=True, exist_ok=True)
     files = {"model.onnx": bytes(range(40)), "tokenizer.model": b"spm-model-bytes", "labels.json":
-             json.dumps({"intents": ["a", "b"], "slot_tags": ["O"]}).encode()}
+             json.dumps({"intents": ["a", "b"], "slot_tags": ["O"]}).encode(), SCHEMA_FILE: SCHEMA_PATH.read_bytes()}
     for name, data in files.items():
         (root / name).write_bytes(data)
-    m = {"schema_version": 1, "created_by": "edgekit test", "max_len": 16, "labels": "labels.json",
-         "tokenizer": {"type": "sentencepiece", "file": "tokenizer.model"}, "models": {"onnx": "model.onnx"},
-         "primary_runtime": "onnx", "inputs": [{"name": "input_ids", "dtype": "int64", "shape": [1, 16]}],
+    T = 16
+    m = {"schema_version": 2, "schema": SCHEMA_FILE, "created_by": "edgekit test", "task": "intent",
+         "profile": "android", "max_len": T,
+         "tokenizer": {"type": "sentencepiece", "file": "tokenizer.model", "normalizer": "edgekit_bert_basic",
+                       "lowercase": True, "vocab_size": 300, "special_ids": {"pad": 0, "unk": 1, "cls": 2, "sep": 3}},
+         "labels": "labels.json", "label_sets": {"intents": 2, "slot_tags": 1},
+         "inputs": [{"name": "input_ids", "dtype": "int64", "shape": [1, T]},
+                    {"name": "attention_mask", "dtype": "int64", "shape": [1, T]},
+                    {"name": "word_pos", "dtype": "int64", "shape": [1, T - 2]},
+                    {"name": "intent_mask", "dtype": "bool", "shape": [2]},
+                    {"name": "reject", "dtype": "bool", "shape": [1]}],
+         "outputs": ["intent", "confidence", "tags"],
+         "decoding": {"policy": "threshold", "score": "confidence", "threshold": 0.5, "temperature": 1.0, "oos_id": 2,
+                      "allowed_intents": None, "oos_answer": "oos"},
+         "models": {"onnx": "model.onnx"}, "primary_runtime": "onnx", "cascade": {"threshold": None, "timeout_s": 0.3},
          "files": {n: {"sha256": hashlib.sha256(d).hexdigest(), "bytes": len(d)} for n, d in files.items()}}
     m.update(over)
     (root / "manifest.json").write_text(json.dumps(m, indent=1))
@@ -43,23 +59,33 @@ def test_a_good_package_loads_and_its_digest_is_the_manifests_sha256(tmp_path):
     (root / "report.json").write_text("{}")  # the build's reports may sit beside the package
     out = verify(root, "--digest", "sha256:" + digest(root))
     assert out.returncode == 0, out.stderr
-    assert len([line for line in out.stdout.splitlines() if line.startswith("ok  ")]) == 3
+    assert len([line for line in out.stdout.splitlines() if line.startswith("ok  ")]) == len(FILES)
     assert f"digest sha256:{digest(root)}" in out.stdout
 
 
 @pytest.mark.parametrize("edit,words", [
-    (lambda m: m.update(labels="../labels.json"), "not a file name inside the package"),
-    (lambda m: m.update(labels="/etc/passwd"), "not a file name inside the package"),
-    (lambda m: m["tokenizer"].update(file="sub/tokenizer.model"), "not a file name inside the package"),
-    (lambda m: m["models"].update(executorch="model.pte"), "not listed in files"),
-    (lambda m: m.update(files={}), "files: expected an object"),
-    (lambda m: m.pop("files"), "files: expected an object"),
-    (lambda m: m.update(max_len=4), "max_len: expected a whole number in 8..512, got 4"),
-    (lambda m: m.update(max_len=-5), "max_len"),
-    (lambda m: m.update(max_len="16"), "max_len"),
-    (lambda m: m["tokenizer"].update(type="bpe"), "tokenizer.type: expected one of"),
-    (lambda m: m.update(schema_version=2), "schema_version 2"),
-    (lambda m: m["files"]["model.onnx"].update(sha256="xyz"), "files.model.onnx"),
+    (lambda m: m.update(labels="../labels.json"), "labels: '../labels.json' is not a plain file name inside the"),
+    (lambda m: m.update(labels="/etc/passwd"), "labels: '/etc/passwd' is not a plain file name"),
+    (lambda m: m["tokenizer"].update(file="sub/tokenizer.model"), "tokenizer.file: 'sub/tokenizer.model' is not"),
+    (lambda m: m["tokenizer"].update(file=".."), "tokenizer.file: '..' is not a plain file name"),
+    (lambda m: m["models"].update(executorch="model.pte"), "models.executorch: 'model.pte' is not listed in files"),
+    (lambda m: m.update(schema="other.json"), "schema: 'other.json' is not listed in files"),
+    (lambda m: m.update(files={}), "files: {} should be non-empty"),
+    (lambda m: m.pop("files"), "'files' is a required property"),
+    (lambda m: m.update(max_len=4), "max_len: 4 is less than the minimum of 8"),
+    (lambda m: m.update(max_len=-5), "max_len: -5 is less than the minimum"),
+    (lambda m: m.update(max_len="16"), "max_len: '16' is not of type 'integer'"),
+    (lambda m: m["tokenizer"].update(type="bpe"), "tokenizer.type: 'sentencepiece' was expected"),
+    (lambda m: m["tokenizer"].update(normalizer="identity"), "tokenizer.normalizer: 'edgekit_bert_basic' was"),
+    (lambda m: m["tokenizer"]["special_ids"].pop("cls"), "tokenizer.special_ids: 'cls' is a required property"),
+    (lambda m: m["inputs"][2].update(name="word_ids"), "inputs.2.name: 'word_pos' was expected"),
+    (lambda m: m["decoding"].update(score="margin"), "decoding.score: 'margin' is not one of"),
+    (lambda m: m["cascade"].update(threshold=1.5), "cascade.threshold: 1.5 is greater than the maximum of 1"),
+    (lambda m: m.update(extra_field=1), "Additional properties are not allowed ('extra_field' was unexpected)"),
+    (lambda m: m.update(label_sets={"intents": 3, "slot_tags": 1}), "intents: 2 names, the manifest's label_sets"),
+    (lambda m: m.update(schema_version=1), "schema_version 1, this runtime reads 2 (rebuild the package"),
+    (lambda m: m.update(schema_version=3), "schema_version 3, this runtime reads 2"),
+    (lambda m: m["files"]["model.onnx"].update(sha256="xyz"), "files.model.onnx.sha256: 'xyz' does not match"),
     (lambda m: m["files"]["model.onnx"].update(bytes=39), "40 bytes, the manifest says 39"),
 ])
 def test_manifest_defects_are_one_clear_error(tmp_path, edit, words):
@@ -67,7 +93,7 @@ def test_manifest_defects_are_one_clear_error(tmp_path, edit, words):
     m = json.loads((root / "manifest.json").read_text())
     edit(m)
     (root / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(PackageError, match=words.replace(".", r"\.").replace("(", r"\(")):
+    with pytest.raises(PackageError, match=re.escape(words)):
         Package.load(root)
     out = verify(root)
     assert out.returncode == 2 and "Traceback" not in out.stderr and out.stderr.startswith("error:")
@@ -87,7 +113,7 @@ def test_every_single_byte_flip_is_refused(tmp_path):
     root = write_package(tmp_path / "p")
     pinned = digest(root)
     refused = total = 0
-    for name in ["model.onnx", "tokenizer.model", "labels.json", "manifest.json"]:
+    for name in [*FILES[:3], "manifest.json"]:  # the schema copy (6 KB) is a listed file like the others
         original = (root / name).read_bytes()
         for i in range(len(original)):
             flipped = bytearray(original)

@@ -1,5 +1,8 @@
+import sys
+
 from edgekit.runtime.decode import spans
-from edgekit.runtime.tokenizer import WordPieceTokenizer, basic_split, split_words
+from edgekit.runtime.tokenizer import WHITESPACE, split_words
+from edgekit.wordpiece import WordPieceTokenizer, basic_split
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "play", "queen", "on", "spot", "##ify", "caf", "##e", "!", "u", "##n"]
 
@@ -11,6 +14,12 @@ def tok():
 def test_basic_split_lowercases_strips_accents_and_splits_punct():
     assert basic_split("Café!") == ["cafe", "!"]
     assert basic_split("\u200bplay") == ["play"]
+
+
+def test_words_split_on_the_spec_whitespace_set_only():
+    """The 29 written-out code points are exactly Python 3.11's str.isspace(); nothing else separates words."""
+    assert {c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace()} == set(WHITESPACE)
+    assert [w for w, _, _ in split_words("a\u3000b\u200bc\u00a0d\te\u180ef")] == ["a", "b\u200bc", "d", "e\u180ef"]
 
 
 def test_encode_marks_first_piece_of_each_word_and_pads():

@@ -15,14 +15,15 @@ from edgekit.build.stages.export import MODEL_FILES
 from edgekit.build.stages.fuse import model_file
 from edgekit.io import write_bytes, write_json
 from edgekit.model import count_params
+from edgekit.normalizer import NAME as NORMALIZER
 from edgekit.record import PassRecord
 from edgekit.runtime.decode import OOS
-from edgekit.runtime.package import MANIFEST, SCHEMA_VERSION, Package, sha256
+from edgekit.runtime.package import MANIFEST, SCHEMA_FILE, SCHEMA_PATH, SCHEMA_VERSION, Package, sha256
 from edgekit.training import score
 
 TRT_FILE = "model.trt.onnx"  # the unfused FP32 graph, for TensorRT (which cannot parse the fused ops)
 # Every file name a package may list besides the manifest: the only names a rebuild may remove from OUT/.
-OWNED = frozenset({"tokenizer.model", "labels.json", TRT_FILE, *MODEL_FILES.values()})
+OWNED = frozenset({"tokenizer.model", "labels.json", SCHEMA_FILE, TRT_FILE, *MODEL_FILES.values()})
 
 
 def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
@@ -31,13 +32,15 @@ def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
     B = "batch" if ctx.settings.server.batch else 1  # server graphs: a dynamic batch axis
     return {
         "schema_version": SCHEMA_VERSION,
+        "schema": SCHEMA_FILE,  # the JSON Schema this manifest follows, shipped for clients (docs/package-format.md)
         "created_by": f"edgekit {__version__}",
         "task": ctx.cfg.task,
         "profile": ctx.target.name,
         "max_len": L,
-        # BERT's basic pre-tokenizer (clean, lowercase, strip accents, split punctuation) runs before SentencePiece.
-        "tokenizer": {"type": "sentencepiece", "file": "tokenizer.model", "pretokenizer": "bert_basic",
-                      "lowercase": ctx.tokenizer.lowercase, "vocab_size": ctx.tokenizer.vocab_size},
+        # BERT's basic pre-tokenizer is compiled into tokenizer.model's normalizer: sp.encode(word) is the whole job.
+        "tokenizer": {"type": "sentencepiece", "file": "tokenizer.model", "normalizer": NORMALIZER,
+                      "lowercase": ctx.tokenizer.lowercase, "vocab_size": ctx.tokenizer.vocab_size,
+                      "special_ids": ctx.tokenizer.special_ids},
         "labels": "labels.json",
         "label_sets": {"intents": n_int, "slot_tags": len(ctx.data.slot_tags)},
         "inputs": [{"name": "input_ids", "dtype": "int64", "shape": [B, L]},
@@ -117,7 +120,8 @@ def run(ctx: Context) -> PackageResult:
         write_bytes(ctx.work / MODEL_FILES[runtime], model_file(ctx, runtime).read_bytes())
     ctx.tokenizer.save(ctx.work / "tokenizer.model")
     write_json(ctx.work / "labels.json", ctx.labels)
-    files = ["tokenizer.model", "labels.json"] + [MODEL_FILES[r] for r in ctx.target.runtimes]
+    write_bytes(ctx.work / SCHEMA_FILE, SCHEMA_PATH.read_bytes())
+    files = ["tokenizer.model", "labels.json", SCHEMA_FILE] + [MODEL_FILES[r] for r in ctx.target.runtimes]
     if ctx.settings.server.batch and "tensorrt" in ctx.settings.serve.providers:
         write_bytes(ctx.work / TRT_FILE, (ctx.export.dir / MODEL_FILES["onnx"]).read_bytes())
         files.append(TRT_FILE)

@@ -1,15 +1,20 @@
 """Compile BERT's basic pre-tokenizer into a SentencePiece model's own normalizer.
 
-edgekit's runtime runs `basic_split` (clean control characters, lowercase, strip accents, pad CJK characters,
-split punctuation) in Python on each whitespace word and only then calls SentencePiece. An app in another
-language has to re-implement those steps exactly. This module writes them into the model instead, as a
-SentencePiece normalization rule table (`precompiled_charsmap`), so that any SentencePiece implementation given
-only `tokenizer.model` produces the runtime's ids: `sp.encode(word) or [unk_id]` for each whitespace word.
+The base model reads text through `basic_split` (clean control characters, lowercase, strip accents, pad CJK
+characters, split punctuation), then WordPiece. Every SentencePiece model edgekit writes (`edgekit.vocab`) holds
+those steps instead, as a SentencePiece normalization rule table (`precompiled_charsmap`), so that any
+SentencePiece implementation given only `tokenizer.model` produces the build's ids: `sp.encode(word) or [unk_id]`
+for each whitespace word. The runtime does exactly that and nothing else.
 
 The table maps one code point to the text the pre-tokenizer makes of it, with a space on each side of a piece
 boundary (" , " for a comma, " 中 " for a CJK character, "" for a control character). The normalizer's own
 whitespace handling (drop leading and trailing spaces, collapse runs, add the dummy "▁" prefix) then yields
 exactly the string `" ".join(basic_split(word))` gets under the identity normalizer.
+
+Size: two scripts take one rule per character, CJK ideographs (padding, 81,520 rules) and Hangul syllables
+(NFD into jamo, 11,172): 1.2 MB of the 1.4 MB table. A package's table keeps those rules only for the characters
+of these scripts that its pieces or its build corpus can read (`script_chars`); any other one is unknown to the
+model either way (byte pieces) and is left as it is, which docs/tokenizer-normalizer.md lists as an exception.
 
 Not expressible (see `is_exact` and docs/tokenizer-normalizer.md): U+0000 (a rule key cannot hold a NUL
 byte), Greek capital sigma after a cased letter and not before one (Python lowercases it to final ς by context;
@@ -24,7 +29,8 @@ import os
 import tempfile
 import unicodedata
 
-from edgekit.runtime.tokenizer import _is_cjk, _is_punct, basic_split
+from edgekit.runtime.tokenizer import SentencePieceTokenizer, Tokenizer
+from edgekit.wordpiece import basic_split, is_cjk, is_punct
 
 MAX_CP = 0x10FFFF
 SURROGATES = range(0xD800, 0xE000)  # never in valid text (the runtime's check_text rejects them)
@@ -47,13 +53,13 @@ def rule_target(ch: str, lowercase: bool = True) -> str:
         return " "  # a word separator (\\S+ never holds one); tab, LF, NBSP, U+3000 ... all unify to " "
     if _drop(ch):
         return ""
-    text = f" {ch} " if _is_cjk(ord(ch)) else ch
+    text = f" {ch} " if is_cjk(ord(ch)) else ch
     if lowercase:
         text = unicodedata.normalize("NFD", text.lower())
         text = "".join(c for c in text if unicodedata.category(c) != "Mn")
     # basic_split splits on any whitespace the steps above produce (U+2000 -> U+2002 under NFD) and around
     # punctuation; the normalizer only knows " ", so both become spaces.
-    return "".join(" " if c.isspace() else f" {c} " if _is_punct(c) else c for c in text)
+    return "".join(" " if c.isspace() else f" {c} " if is_punct(c) else c for c in text)
 
 
 @functools.lru_cache(maxsize=2)
@@ -65,7 +71,7 @@ def normalization_rules(lowercase: bool = True) -> tuple[tuple[int, str], ...]:
         if cp in SURROGATES:
             continue
         ch = chr(cp)
-        if unicodedata.category(ch) in ("Cn", "Co") and not _is_cjk(cp):
+        if unicodedata.category(ch) in ("Cn", "Co") and not is_cjk(cp):
             continue  # unassigned or private use: every step leaves them alone (a fast path, ~1M code points)
         target = rule_target(ch, lowercase)
         if target != ch:
@@ -79,8 +85,34 @@ def rules_tsv(rules) -> str:
     return "".join(f"{cp:X}\t{' '.join(f'{ord(c):X}' for c in target)}\n" for cp, target in rules)
 
 
-@functools.lru_cache(maxsize=2)
-def compile_charsmap(lowercase: bool = True) -> bytes:
+ALL = "all"  # every rule (the base vocabulary's tokenizer: exact, 1.4 MB)
+HANGUL = range(0xAC00, 0xD7A4)  # precomposed syllables: NFD gives conjoining jamo (Lo, kept), so each has a rule
+
+
+def per_char_script(cp: int) -> bool:
+    """The two scripts whose rules are one per character, and many: CJK ideographs and Hangul syllables."""
+    return is_cjk(cp) or cp in HANGUL
+
+
+def script_chars(texts) -> frozenset[int]:
+    """The CJK ideographs and Hangul syllables a model over `texts` (its pieces, its corpus) can read: those in
+    the texts, and the syllables whose jamo all are."""
+    chars = {c for t in texts for c in t}
+    out = {ord(c) for c in chars if per_char_script(ord(c))}
+    if any(0x1100 <= ord(c) <= 0x11FF for c in chars):
+        out |= {cp for cp in HANGUL if set(unicodedata.normalize("NFD", chr(cp))) <= chars}
+    return frozenset(out)
+
+
+def package_rules(lowercase: bool, keep) -> tuple[tuple[int, str], ...]:
+    """normalization_rules, with the per-character scripts' rules only for the code points in `keep` (`ALL`:
+    every rule)."""
+    rules = normalization_rules(lowercase)
+    return rules if keep == ALL else tuple(r for r in rules if not per_char_script(r[0]) or r[0] in keep)
+
+
+@functools.lru_cache(maxsize=8)
+def compile_charsmap(lowercase: bool = True, keep=ALL) -> bytes:
     """The rules compiled to SentencePiece's `precompiled_charsmap` blob (a double-array trie and the targets).
 
     SentencePiece compiles a TSV only while training, so this trains a throw-away character model on a
@@ -91,7 +123,7 @@ def compile_charsmap(lowercase: bool = True) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "rules.tsv")
         with open(path, "w", encoding="utf-8") as f:
-            f.write(rules_tsv(normalization_rules(lowercase)))
+            f.write(rules_tsv(package_rules(lowercase, keep)))
         out = io.BytesIO()
         with open(os.devnull, "w") as quiet:  # the builder logs every load at INFO
             spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c"]), model_writer=out, vocab_size=8,
@@ -102,9 +134,10 @@ def compile_charsmap(lowercase: bool = True) -> bytes:
     return m.normalizer_spec.precompiled_charsmap
 
 
-def compile_normalizer(model_proto: bytes, lowercase: bool = True) -> bytes:
-    """`model_proto` (a serialized SentencePiece ModelProto, e.g. a package's tokenizer.model) with the
-    pre-tokenizer compiled into its normalizer_spec. Pieces, scores and ids are untouched.
+def compile_normalizer(model_proto: bytes, lowercase: bool = True, corpus=(), keep=None) -> bytes:
+    """`model_proto` (a serialized SentencePiece ModelProto) with the pre-tokenizer compiled into its
+    normalizer_spec. Pieces, scores and ids are untouched. The CJK and Hangul rules cover what the model's pieces
+    and `corpus` (the build's texts) can read (`script_chars`), or `keep` when given (`ALL`: every rule).
 
     The whitespace flags stay on, as build_model_proto sets them, because the rules rely on them:
     remove_extra_whitespaces collapses the padding spaces, add_dummy_prefix gives each word its "▁" and
@@ -113,21 +146,50 @@ def compile_normalizer(model_proto: bytes, lowercase: bool = True) -> bytes:
 
     m = pb.ModelProto()
     m.ParseFromString(model_proto)
+    if keep is None:
+        keep = script_chars([p.piece for p in m.pieces] + list(corpus))
     ns = m.normalizer_spec
     ns.Clear()  # drops e.g. a normalization_rule_tsv path: the charsmap is self-contained
     ns.name = NAME
-    ns.precompiled_charsmap = compile_charsmap(lowercase)
+    ns.precompiled_charsmap = compile_charsmap(lowercase, keep)
     ns.add_dummy_prefix, ns.remove_extra_whitespaces, ns.escape_whitespaces = True, True, True
     return m.SerializeToString()
 
 
-def table_split(word: str, lowercase: bool = True) -> list[str]:
+def table_split(word: str, lowercase: bool = True, keep=ALL) -> list[str]:
     """basic_split as the compiled table computes it: each character mapped on its own, then split at spaces.
-    U+0000 has no rule, so it stays."""
-    return [t for t in "".join(c if c == "\0" else rule_target(c, lowercase) for c in word).split(" ") if t]
+    U+0000 has no rule, nor CJK or Hangul characters outside `keep`, so they stay."""
+    def one(c: str) -> str:
+        kept = keep == ALL or not per_char_script(ord(c)) or ord(c) in keep
+        return rule_target(c, lowercase) if kept and c != "\0" else c
+
+    return [t for t in "".join(map(one, word)).split(" ") if t]
 
 
-def is_exact(word: str, lowercase: bool = True) -> bool:
-    """Whether the compiled normalizer gives this whitespace word the runtime's pieces (by its text: equal text
-    before SentencePiece means equal ids). False only for the context cases listed in the module docstring."""
-    return table_split(word, lowercase) == basic_split(word, lowercase)
+def is_exact(word: str, lowercase: bool = True, keep=ALL) -> bool:
+    """Whether the compiled normalizer gives this whitespace word basic_split's pieces (by its text: equal text
+    before SentencePiece means equal ids). False only for the cases listed in the module docstring."""
+    return table_split(word, lowercase, keep) == basic_split(word, lowercase)
+
+
+class ReferenceTokenizer(Tokenizer):
+    """What the compiled table stands for: `basic_split` in Python, then the same pieces under the identity
+    normalizer (the runtime's path before schema 2). The measure the tests and examples/spm_normalizer_check.py
+    hold the compiled model to."""
+
+    def __init__(self, tok: SentencePieceTokenizer):
+        import sentencepiece as spm
+        from sentencepiece import sentencepiece_model_pb2 as pb
+
+        m = pb.ModelProto()
+        m.ParseFromString(tok.model_proto)
+        m.normalizer_spec.Clear()
+        ns = m.normalizer_spec
+        ns.name, ns.add_dummy_prefix, ns.remove_extra_whitespaces, ns.escape_whitespaces = "identity", True, True, True
+        self.sp = spm.SentencePieceProcessor(model_proto=m.SerializeToString())
+        self.lowercase = tok.lowercase
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id = tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id
+
+    def word_ids(self, word: str) -> list[int]:
+        toks = basic_split(word, self.lowercase)
+        return (self.sp.encode(" ".join(toks)) if toks else []) or [self.unk_id]
