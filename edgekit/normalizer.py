@@ -28,6 +28,7 @@ import io
 import os
 import tempfile
 import unicodedata
+from pathlib import Path
 
 from edgekit.runtime.tokenizer import SentencePieceTokenizer, Tokenizer
 from edgekit.wordpiece import basic_split, is_cjk, is_punct
@@ -94,14 +95,13 @@ def per_char_script(cp: int) -> bool:
     return is_cjk(cp) or cp in HANGUL
 
 
-def script_chars(texts) -> frozenset[int]:
+def script_chars(texts, lowercase: bool = True) -> frozenset[int]:
     """The CJK ideographs and Hangul syllables a model over `texts` (its pieces, its corpus) can read: those in
-    the texts, and the syllables whose jamo all are."""
+    the texts, and those whose rule's target is made of characters in them (a syllable whose jamo all are, a
+    compatibility ideograph whose canonical one is)."""
     chars = {c for t in texts for c in t}
-    out = {ord(c) for c in chars if per_char_script(ord(c))}
-    if any(0x1100 <= ord(c) <= 0x11FF for c in chars):
-        out |= {cp for cp in HANGUL if set(unicodedata.normalize("NFD", chr(cp))) <= chars}
-    return frozenset(out)
+    return frozenset(cp for cp, target in normalization_rules(lowercase) if per_char_script(cp)
+                     and (chr(cp) in chars or set(target.replace(" ", "")) <= chars))
 
 
 def package_rules(lowercase: bool, keep) -> tuple[tuple[int, str], ...]:
@@ -111,11 +111,31 @@ def package_rules(lowercase: bool, keep) -> tuple[tuple[int, str], ...]:
     return rules if keep == ALL else tuple(r for r in rules if not per_char_script(r[0]) or r[0] in keep)
 
 
-@functools.lru_cache(maxsize=8)
-def compile_charsmap(lowercase: bool = True, keep=ALL) -> bytes:
+def compile_charsmap(lowercase: bool = True, keep=ALL, cache_dir: Path | None = None) -> bytes:
     """The rules compiled to SentencePiece's `precompiled_charsmap` blob (a double-array trie and the targets).
+    With `cache_dir`, the full table (`ALL`, ~3 s to make) is kept there, keyed by everything it depends on."""
+    if keep != ALL or cache_dir is None:
+        return _compile(lowercase, keep)
+    import sentencepiece as spm
 
-    SentencePiece compiles a TSV only while training, so this trains a throw-away character model on a
+    from edgekit import __version__
+
+    # one folder per key, as a stage-cache entry (`edgekit cache ls` lists it, `prune` removes it)
+    path = Path(cache_dir) / (f"charsmap-{__version__}-unicode{unicodedata.unidata_version}-spm{spm.__version__}-"
+                              f"{'uncased' if lowercase else 'cased'}") / "charsmap.bin"
+    if path.is_file():
+        return path.read_bytes()
+    blob = _compile(lowercase, keep)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(blob)
+    tmp.replace(path)  # atomic: parallel builds may race to write the same bytes
+    return blob
+
+
+@functools.lru_cache(maxsize=8)
+def _compile(lowercase: bool, keep) -> bytes:
+    """SentencePiece compiles a TSV only while training, so this trains a throw-away character model on a
     one-line corpus and keeps its normalizer: the same C++ builder, and a blob every SentencePiece reads."""
     import sentencepiece as spm
     from sentencepiece import sentencepiece_model_pb2 as pb
@@ -134,12 +154,15 @@ def compile_charsmap(lowercase: bool = True, keep=ALL) -> bytes:
     return m.normalizer_spec.precompiled_charsmap
 
 
-def compile_normalizer(model_proto: bytes, lowercase: bool = True, corpus=(), keep=None) -> bytes:
+def compile_normalizer(model_proto: bytes, lowercase: bool = True, corpus=(), keep=None,
+                       cache_dir: Path | None = None) -> bytes:
     """`model_proto` (a serialized SentencePiece ModelProto) with the pre-tokenizer compiled into its
     normalizer_spec. Pieces, scores and ids are untouched. The CJK and Hangul rules cover what the model's pieces
     and `corpus` (the build's texts) can read (`script_chars`), or `keep` when given (`ALL`: every rule).
 
-    The whitespace flags stay on, as build_model_proto sets them, because the rules rely on them:
+    `cache_dir`: where the full table is kept between processes (compile_charsmap).
+
+    The whitespace flags are set on, because the rules rely on them:
     remove_extra_whitespaces collapses the padding spaces, add_dummy_prefix gives each word its "▁" and
     escape_whitespaces turns the remaining spaces into "▁" piece boundaries."""
     from sentencepiece import sentencepiece_model_pb2 as pb
@@ -147,11 +170,11 @@ def compile_normalizer(model_proto: bytes, lowercase: bool = True, corpus=(), ke
     m = pb.ModelProto()
     m.ParseFromString(model_proto)
     if keep is None:
-        keep = script_chars([p.piece for p in m.pieces] + list(corpus))
+        keep = script_chars([p.piece for p in m.pieces] + list(corpus), lowercase)
     ns = m.normalizer_spec
     ns.Clear()  # drops e.g. a normalization_rule_tsv path: the charsmap is self-contained
     ns.name = NAME
-    ns.precompiled_charsmap = compile_charsmap(lowercase, keep)
+    ns.precompiled_charsmap = compile_charsmap(lowercase, keep, cache_dir)
     ns.add_dummy_prefix, ns.remove_extra_whitespaces, ns.escape_whitespaces = True, True, True
     return m.SerializeToString()
 

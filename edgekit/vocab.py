@@ -27,10 +27,10 @@ def wordpiece_to_sp(piece: str) -> str:
     return piece[2:] if piece.startswith("##") else WORD_START + piece
 
 
-def build_model_proto(pieces: list[str], lowercase: bool = True, corpus=(), keep=None) -> bytes:
+def build_model_proto(pieces: list[str], lowercase: bool = True, corpus=(), keep=None, cache_dir=None) -> bytes:
     """Serialize a Unigram SentencePiece model: fixed specials and bytes, then `pieces` (SP form, unique), with
     BERT's basic pre-tokenizer compiled into its normalizer (`edgekit.normalizer.compile_normalizer`: the CJK
-    and Hangul rules for what the pieces and `corpus` can read, or `keep`)."""
+    and Hangul rules for what the pieces and `corpus` can read, or `keep`; `cache_dir` keeps the full table)."""
     from sentencepiece import sentencepiece_model_pb2 as pb
 
     T = pb.ModelProto.SentencePiece
@@ -48,10 +48,10 @@ def build_model_proto(pieces: list[str], lowercase: bool = True, corpus=(), keep
     ts.max_sentencepiece_length = max([16] + [len(p) for p in pieces])
     ts.pad_id, ts.unk_id, ts.bos_id, ts.eos_id = 0, 1, -1, -1
     ts.pad_piece, ts.unk_piece = "<pad>", "<unk>"
-    return compile_normalizer(m.SerializeToString(), lowercase, corpus, keep)
+    return compile_normalizer(m.SerializeToString(), lowercase, corpus, keep, cache_dir)
 
 
-def from_wordpiece(vocab: list[str], lowercase: bool = True) -> tuple[SentencePieceTokenizer, list[int]]:
+def from_wordpiece(vocab: list[str], lowercase: bool = True, cache_dir=None) -> tuple[SentencePieceTokenizer, list[int]]:
     """Convert a whole WordPiece vocab. Returns the tokenizer and, per SentencePiece id, the WordPiece row
     whose embedding it takes (byte pieces take [UNK]'s row: the pretrained model knew them only as unknown)."""
     index = {p: i for i, p in enumerate(vocab)}
@@ -67,7 +67,7 @@ def from_wordpiece(vocab: list[str], lowercase: bool = True) -> tuple[SentencePi
         rows.append(i)
     fixed = [index[wp] for _, wp in SPECIALS] + [index["[UNK]"]] * 256
     # Every rule: this tokenizer reads any text as the base model's WordPiece did.
-    return SentencePieceTokenizer(build_model_proto(pieces, lowercase, keep=ALL), lowercase), fixed + rows
+    return SentencePieceTokenizer(build_model_proto(pieces, lowercase, keep=ALL, cache_dir=cache_dir), lowercase), fixed + rows
 
 
 def normal_pieces(tok: SentencePieceTokenizer) -> list[str]:

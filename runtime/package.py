@@ -39,11 +39,24 @@ def schema() -> dict:
     return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
 
 
+def _constant(name: str):
+    raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
+
+
+def strict_json(text: str):
+    """json.loads without Python's NaN, Infinity and -Infinity extensions (no JSON parser elsewhere reads them, and
+    a schema's minimum/maximum cannot catch NaN)."""
+    return json.loads(text, parse_constant=_constant)
+
+
 @functools.cache
 def _validator():
     import jsonschema
 
-    return jsonschema.Draft202012Validator(schema())
+    # JSON Schema counts 16.0 as an integer; a manifest's counts and ids are written as integers, so only those
+    ints = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
+    return jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=ints)(schema())
 
 
 def check_manifest(m: object, where: str = MANIFEST) -> dict:
@@ -69,6 +82,23 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
     for key, name in refs.items():
         if name not in files:
             raise PackageError(f"{where}: {key}: {name!r} is not listed in files (its sha256 would not be checked)")
+    T, n_int = m["max_len"], m["label_sets"]["intents"]
+    facts = [  # what the schema cannot say: the fields agree with one another
+        ("primary_runtime", m["primary_runtime"] in models, f"{m['primary_runtime']!r} has no model in models"),
+        ("buckets", set(m.get("buckets", {})) <= set(models), "names a runtime that has no model"),
+        ("buckets.executorch", [b["max_len"] for b in m.get("buckets", {}).get("executorch", [])]
+         in ([], sorted({b["max_len"] for b in m.get("buckets", {}).get("executorch", [])})), "not shortest first"),
+        ("buckets.executorch", m.get("buckets", {}).get("executorch", [{"max_len": T}])[-1]["max_len"] == T,
+         f"the last bucket must be max_len {T}"),
+        ("decoding.oos_id", m["decoding"]["oos_id"] <= n_int, f"above the {n_int} intents"),
+        ("inputs", [i["shape"][-1] for i in m["inputs"]][:4] == [T, T, T - 2, n_int],
+         f"shapes must end in {T}, {T}, {T - 2} and {n_int} (max_len, max_len - 2, label_sets.intents)"),
+        ("inputs", len({i["shape"][0] == "batch" for i in m["inputs"]}) == 1, "'batch' on some inputs only"),
+        ("outputs", len(m["outputs"]) == (3 if m["label_sets"]["slot_tags"] else 2), "tags exactly when slot_tags > 0"),
+    ]
+    for field, ok, why in facts:
+        if not ok:
+            raise PackageError(f"{where}: {field}: {why}")
     return m
 
 
@@ -94,7 +124,7 @@ class Package:
         if digest is not None and own != digest.removeprefix("sha256:").lower():
             raise PackageError(f"{mpath}: package digest sha256:{own} is not the pinned {digest}")
         try:
-            manifest = json.loads(raw.decode("utf-8"))
+            manifest = strict_json(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
             raise PackageError(f"{mpath}: not UTF-8 (byte {e.start})") from None
         except json.JSONDecodeError as e:
@@ -113,7 +143,7 @@ class Package:
                 raise PackageError(f"{f}: {f.stat().st_size} bytes, the manifest says {meta['bytes']} (truncated or "
                                    "edited)")
         try:
-            labels = json.loads((root / manifest["labels"]).read_text(encoding="utf-8"))
+            labels = strict_json((root / manifest["labels"]).read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise PackageError(f"{root / manifest['labels']}: not valid JSON ({e})") from None
         if not isinstance(labels, dict) or not isinstance(labels.get("intents"), list):

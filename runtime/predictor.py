@@ -22,6 +22,9 @@ def load_tokenizer(pkg: Package) -> SentencePieceTokenizer:
     the type)."""
     spec = pkg.manifest["tokenizer"]
     tok = SentencePieceTokenizer.from_file(pkg.root / spec["file"], lowercase=spec["lowercase"])
+    if tok.normalizer != spec["normalizer"]:  # e.g. a model without the compiled pre-tokenizer: other ids, silently
+        raise PackageError(f"{pkg.root / spec['file']}: normalizer {tok.normalizer!r}, the manifest's "
+                           f"tokenizer.normalizer says {spec['normalizer']!r}")
     if tok.special_ids != spec["special_ids"]:
         raise PackageError(f"{pkg.root / spec['file']}: special ids {tok.special_ids}, the manifest's "
                            f"tokenizer.special_ids says {spec['special_ids']}")

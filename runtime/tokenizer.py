@@ -114,7 +114,7 @@ class Tokenizer:
         read = check_text(text, limit)  # what is never read cannot matter: the check stays bounded too
         words = split_words(read)
         ids, word_index, kept = [self.cls_id], [-1], 0
-        truncated = len(text) > limit and not text[limit:].isspace()
+        truncated = _WORD.search(text, limit) is not None  # a word character past the limit was not read
         for w, (word, _, _) in enumerate(words):
             pieces = self.word_ids(word)
             room = max_len - 1 - len(ids)
@@ -146,7 +146,8 @@ WORD_START = "\u2581"  # SentencePiece's word-boundary mark
 
 class SentencePieceTokenizer(Tokenizer):
     """A SentencePiece model whose normalizer holds the pre-tokenizer: `sp.encode(word) or [unk]` per word, in the
-    same library Android and iOS apps ship. Byte fallback means no input becomes a bare unknown.
+    same library Android and iOS apps ship. Byte fallback gives every character pieces; only a word that
+    normalizes to nothing (zero-width or control characters only) becomes `<unk>`.
 
     `lowercase` records how the build compiled the normalizer (the manifest's `tokenizer.lowercase`); the
     model file itself decides the ids."""
@@ -172,6 +173,15 @@ class SentencePieceTokenizer(Tokenizer):
         tmp = Path(path).with_name(Path(path).name + ".tmp")
         tmp.write_bytes(self.model_proto)
         tmp.replace(path)  # atomic: a reader never sees half a model
+
+    @property
+    def normalizer(self) -> str:
+        """The name in the model's normalizer_spec (edgekit's compiled pre-tokenizer: "edgekit_bert_basic")."""
+        from sentencepiece import sentencepiece_model_pb2 as pb
+
+        m = pb.ModelProto()
+        m.ParseFromString(self.model_proto)
+        return m.normalizer_spec.name
 
     @property
     def vocab_size(self) -> int:

@@ -91,11 +91,15 @@ def test_table_matches_basic_split_on_single_characters():
 
 def test_model_keeps_pieces_and_carries_no_paths(models):
     old, new, proto = models
+    identity = old.sp.serialized_model_proto()  # the same pieces under the identity normalizer
     a, b = pb.ModelProto(), pb.ModelProto()
-    a.ParseFromString(old.sp.serialized_model_proto())
-    b.ParseFromString(proto)
-    assert list(a.pieces) == list(b.pieces) and a.trainer_spec == b.trainer_spec
+    a.ParseFromString(identity)
+    b.ParseFromString(compile_normalizer(identity, old.lowercase, keep="all"))
+    assert a.normalizer_spec.name == "identity" and not a.normalizer_spec.precompiled_charsmap
+    assert list(a.pieces) == list(b.pieces) and a.trainer_spec == b.trainer_spec  # compiling touches no piece
+    assert b.SerializeToString() == proto  # and gives exactly the model edgekit writes
     ns = b.normalizer_spec
+    assert ns.name == "edgekit_bert_basic"
     assert ns.precompiled_charsmap and not ns.normalization_rule_tsv
     assert ns.add_dummy_prefix and ns.remove_extra_whitespaces and ns.escape_whitespaces
     assert compile_normalizer(proto, old.lowercase, keep="all") == proto  # idempotent: safe to re-run
@@ -114,6 +118,13 @@ def test_package_model_keeps_only_the_cjk_and_hangul_rules_it_can_use():
     assert not is_exact("东西", keep=keep) and tok.word_ids("东西") != ref.word_ids("东西")
     assert not is_exact("한국", keep=keep) and tok.word_ids("한국") != ref.word_ids("한국")
     assert tok.sp.encode("东西", out_type=str) == [f"<0x{b:02X}>" for b in "▁东西".encode()]  # one run of bytes
+    # a compatibility ideograph whose canonical one is a piece, a syllable whose jamo all are: kept
+    han = "\u1112\u1161\u11ab"  # NFD of 한
+    tok = SentencePieceTokenizer(build_model_proto(normal_pieces(from_wordpiece(make_vocab(WORDS + ["豈", *han]))[0])))
+    ref = ReferenceTokenizer(tok)
+    for w in ["a\uf900b", "한", "x한y"]:
+        assert tok.word_ids(w) == ref.word_ids(w), w
+    assert tok.word_ids("국") != ref.word_ids("국")  # its jamo are not pieces
     small, full = compile_charsmap(True, frozenset(keep)), compile_charsmap(True, "all")
     assert len(small) < len(full) / 10
 

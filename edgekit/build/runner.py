@@ -86,7 +86,9 @@ def prepare(cfg: BuildConfig) -> Context:
         if not (base / name).is_file():
             raise EdgekitError(f"{base / name}: missing; the base model folder needs config.json, "
                                "model.safetensors and vocab.txt")
-    tokenizer, rows = from_wordpiece(WordPieceTokenizer.from_file(base / "vocab.txt").vocab)
+    cache = StageCache(default_dir(cfg.cache))
+    tokenizer, rows = from_wordpiece(WordPieceTokenizer.from_file(base / "vocab.txt").vocab,
+                                     cache_dir=cache.root / "normalizer")
     texts = [ex.text for s in ("train", "dev") for ex in data.splits[s]]
     hf = json.loads((base / "config.json").read_text()) if (base / "config.json").is_file() else {}
     max_len, stats = choose_max_len(tokenizer, texts, hf.get("max_position_embeddings", 512), target.bucket_percentiles)
@@ -106,7 +108,7 @@ def prepare(cfg: BuildConfig) -> Context:
         raise EdgekitError(f"--out {cfg.out}: cannot write there ({e.strerror or e})") from None
     digest = digest_files(_data_files(cfg.data) + base_files)
     ctx = Context(cfg, settings, target, data, Path(cfg.out), max_len, stats, tokenizer, rows, target.stages,
-                  StageCache(default_dir(cfg.cache)), digest, base_model=base)
+                  cache, digest, base_model=base)
     return ctx
 
 

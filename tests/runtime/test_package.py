@@ -86,6 +86,17 @@ def test_a_good_package_loads_and_its_digest_is_the_manifests_sha256(tmp_path):
     (lambda m: m.update(schema_version=1), "schema_version 1, this runtime reads 2 (rebuild the package"),
     (lambda m: m.update(schema_version=3), "schema_version 3, this runtime reads 2"),
     (lambda m: m["files"]["model.onnx"].update(sha256="xyz"), "files.model.onnx.sha256: 'xyz' does not match"),
+    (lambda m: m["cascade"].update(timeout_s=float("inf")), "invalid JSON (Infinity is not JSON)"),
+    (lambda m: m["decoding"].update(temperature=float("nan")), "invalid JSON (NaN is not JSON)"),
+    (lambda m: m.update(max_len=16.0), "max_len: 16.0 is not of type 'integer'"),
+    (lambda m: m.update(primary_runtime="executorch"), "primary_runtime: 'executorch' has no model in models"),
+    (lambda m: m["decoding"].update(oos_id=3), "decoding.oos_id: above the 2 intents"),
+    (lambda m: m["inputs"][2].update(shape=[1, 16]), "inputs: shapes must end in 16, 16, 14 and 2"),
+    (lambda m: m.update(outputs=["intent", "confidence"]), "outputs: tags exactly when slot_tags > 0"),
+    (lambda m: m.update(buckets={"executorch": [{"max_len": 8, "method": "forward_8"},
+                                                {"max_len": 16, "method": "forward"}]}),
+     "buckets: names a runtime that has no model"),
+    (lambda m: m["files"].update({"manifest.json": m["files"]["labels.json"]}), "files: 'manifest.json' should not"),
     (lambda m: m["files"]["model.onnx"].update(bytes=39), "40 bytes, the manifest says 39"),
 ])
 def test_manifest_defects_are_one_clear_error(tmp_path, edit, words):
