@@ -16,6 +16,31 @@ from edgekit.runtime.package import PackageError
 
 _ET_THREADS: int | None = None
 _ET_LOADED = False
+_ET = None  # ExecuTorch's native runtime module, once loaded (executorch_native)
+
+
+def executorch_native():
+    """ExecuTorch's C++ runtime as an app links it: the pybindings' native module itself, with the quantized
+    kernels library (the INT8 packages' embedding lookups) loaded beside it, and torch for the tensors in and out.
+
+    Not `executorch.runtime`: its Python wrapper imports the exporter (executorch.exir) and torchao, 10.7 s of a
+    cold start against 2.5 s here (measured 2026-12-02 on the 2-core CI machine), and the same C++ runs either way."""
+    global _ET
+    if _ET is None:
+        import ctypes
+
+        import executorch
+        import torch  # noqa: F401  (the method takes and returns torch tensors)
+        from executorch.extension.pybindings import _portable_lib
+
+        # The kernels register themselves with the runtime on load (static initialisers), as when an app links
+        # `quantized_ops_lib`; `executorch.kernels.quantized` would do the same through torch.ops.load_library.
+        libs = sorted(Path(next(iter(executorch.__path__))).glob("kernels/quantized/*quantized_ops_aot_lib.*"))
+        if len(libs) != 1:
+            raise PackageError(f"ExecuTorch's quantized kernels library is missing from {executorch.__path__}")
+        ctypes.CDLL(str(libs[0]), mode=ctypes.RTLD_GLOBAL)
+        _ET = _portable_lib
+    return _ET
 
 
 @contextmanager
@@ -42,10 +67,8 @@ def set_threads(n: int) -> None:
         return
     if _ET_LOADED:
         raise RuntimeError(f"XNNPACK threads are fixed at {_ET_THREADS} once a program is loaded; cannot set {n}")
-    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
-
     with _quiet_native_stderr():
-        _unsafe_reset_threadpool(n)
+        executorch_native()._unsafe_reset_threadpool(n)
     _ET_THREADS = n
 
 
@@ -54,17 +77,13 @@ def et_threads() -> int | None:
 
 
 class ExecuTorchBackend:
-    """A `.pte` method run by `executorch.runtime.Runtime` (XNNPACK delegate plus portable kernels)."""
+    """A `.pte` method run by ExecuTorch's C++ runtime (XNNPACK delegate plus portable and quantized kernels)."""
 
     name = "executorch"
 
     def __init__(self, path: str | Path, method: str = "forward", program=None):
         global _ET_LOADED
-        # The quantized kernels (INT8/4-bit embedding lookups of INT8 packages) live in their own library, as
-        # in an app, which links `quantized_ops_lib` beside the portable and XNNPACK ones.
-        import executorch.kernels.quantized  # noqa: F401
-        from executorch.runtime import Runtime
-
+        et = executorch_native()
         if _ET_THREADS is None:
             set_threads(1)  # single-utterance inference: one thread is the phone-like default
         _ET_LOADED = True
@@ -73,7 +92,9 @@ class ExecuTorchBackend:
         # structure (InternalConsistency), so a damaged file is an error here, never a crash later.
         try:
             with _quiet_native_stderr():
-                self.program = program or Runtime.get().load_program(Path(path))
+                self.program = program or et._load_program(
+                    str(path), enable_etdump=False, debug_buffer_size=0,
+                    program_verification=et.Verification.InternalConsistency)
                 self.method = self.program.load_method(method)
         except (RuntimeError, ValueError) as e:
             raise PackageError(f"{self.file}: ExecuTorch cannot load {method!r} ({_first_line(e)})") from None
@@ -83,7 +104,7 @@ class ExecuTorchBackend:
         import torch
 
         try:
-            outs = self.method.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in inputs])
+            outs = self.method([torch.from_numpy(np.ascontiguousarray(a)) for a in inputs])
         except RuntimeError as e:  # a program that loads but cannot run (e.g. damaged tensor metadata)
             raise PackageError(f"{self.file}: ExecuTorch cannot run it ({_first_line(e)})") from None
         return [o.numpy() for o in outs]
