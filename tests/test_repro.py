@@ -113,7 +113,7 @@ def test_same_seed_gives_bit_identical_checkpoints_and_packages(twin):
     assert all(not s["reused"] for rep in reps.values() for s in rep["stages"])
     a, b = entry_files(root / "cache_a"), entry_files(root / "cache_b")
     assert a.keys() == b.keys()  # the same entries under the same keys: the keys name only the inputs
-    assert {k.split("/")[0] for k in a} == {"teacher", "distill_try", "distill", "export", "package"}
+    assert {k.split("/")[0] for k in a} == {"normalizer", "teacher", "distill_try", "distill", "export", "package"}
     for name in a:
         if name.endswith("/result.json"):  # the record: every metric equal, timings aside
             assert scrub(json.loads(a[name].read_text())) == scrub(json.loads(b[name].read_text())), name
