@@ -1,7 +1,7 @@
 """Export a joint model to a fixed-shape ExecuTorch program (.pte) lowered to XNNPACK, then check it.
 
 One straight flow, as in ExecuTorch's aot_compiler: torch.export -> to_edge_transform_and_lower
-(XnnpackPartitioner) -> to_executorch -> run the bytes in executorch.runtime against eager.
+(XnnpackPartitioner) -> to_executorch -> run the bytes in ExecuTorch's runtime (edgekit.runtime.backends) against eager.
 
 Length buckets: the same model is exported at a few fixed lengths as methods of one program ("forward" at the
 full length, "forward_16" at 16, ...). ExecuTorch stores a constant once however many methods use it, so a

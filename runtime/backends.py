@@ -17,6 +17,7 @@ from edgekit.runtime.package import PackageError
 _ET_THREADS: int | None = None
 _ET_LOADED = False
 _ET = None  # ExecuTorch's native runtime module, once loaded (executorch_native)
+_ET_QUANTIZED = ""  # why the quantized kernels could not be loaded, if they could not
 
 
 def executorch_native():
@@ -25,24 +26,27 @@ def executorch_native():
 
     Not `executorch.runtime`: its Python wrapper imports the exporter (executorch.exir) and torchao, 10.7 s of a
     cold start against 2.5 s here (measured 2026-12-02 on the 2-core CI machine), and the same C++ runs either way."""
-    global _ET
+    global _ET, _ET_QUANTIZED
     if _ET is None:
         import ctypes
 
-        import executorch
         import torch  # noqa: F401  (the method takes and returns torch tensors)
         from executorch.extension.pybindings import _portable_lib
 
         # The kernels register themselves with the runtime on load (static initialisers), as when an app links
-        # `quantized_ops_lib`; `executorch.kernels.quantized` would do the same through torch.ops.load_library.
-        libs = sorted(Path(next(iter(executorch.__path__))).glob("kernels/quantized/*quantized_ops_aot_lib.*"))
-        if len(libs) != 1:
-            raise PackageError(f"ExecuTorch's quantized kernels library is missing from {executorch.__path__}")
-        ctypes.CDLL(str(libs[0]), mode=ctypes.RTLD_GLOBAL)
+        # `quantized_ops_lib`. Loaded as torch.ops.load_library loads it (RTLD_LOCAL: it finds the runtime through
+        # its own RUNPATH), from beside this very runtime. Without it FP32 packages still run; an INT8 one then
+        # fails to load, and its error says why.
+        where = Path(_portable_lib.__file__).parents[2] / "kernels" / "quantized"
+        libs = sorted(where.glob("*quantized_ops_aot_lib.*"))
+        try:
+            if len(libs) != 1:
+                raise OSError(f"no quantized_ops_aot_lib in {where}")
+            ctypes.CDLL(str(libs[0]))
+        except OSError as e:
+            _ET_QUANTIZED = f"ExecuTorch's quantized kernels are not loaded ({e})"
         _ET = _portable_lib
     return _ET
-
-
 @contextmanager
 def _quiet_native_stderr():
     """ExecuTorch's C++ side logs CPU probing to fd 2 at load; keep that off the user's terminal."""
@@ -67,8 +71,9 @@ def set_threads(n: int) -> None:
         return
     if _ET_LOADED:
         raise RuntimeError(f"XNNPACK threads are fixed at {_ET_THREADS} once a program is loaded; cannot set {n}")
+    et = executorch_native()  # outside the quiet block: a loader message must reach the user
     with _quiet_native_stderr():
-        executorch_native()._unsafe_reset_threadpool(n)
+        et._unsafe_reset_threadpool(n)
     _ET_THREADS = n
 
 
@@ -97,7 +102,8 @@ class ExecuTorchBackend:
                     program_verification=et.Verification.InternalConsistency)
                 self.method = self.program.load_method(method)
         except (RuntimeError, ValueError) as e:
-            raise PackageError(f"{self.file}: ExecuTorch cannot load {method!r} ({_first_line(e)})") from None
+            why = f"; {_ET_QUANTIZED}" if _ET_QUANTIZED else ""
+            raise PackageError(f"{self.file}: ExecuTorch cannot load {method!r} ({_first_line(e)}{why})") from None
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Inputs in the graph's order (see the manifest's `inputs`)."""
