@@ -82,14 +82,13 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
     for key, name in refs.items():
         if name not in files:
             raise PackageError(f"{where}: {key}: {name!r} is not listed in files (its sha256 would not be checked)")
-    T, n_int = m["max_len"], m["label_sets"]["intents"]
+    T, n_int, buckets = m["max_len"], m["label_sets"]["intents"], m.get("buckets", {})
+    lengths = [b["max_len"] for b in buckets.get("executorch", [])]
     facts = [  # what the schema cannot say: the fields agree with one another
         ("primary_runtime", m["primary_runtime"] in models, f"{m['primary_runtime']!r} has no model in models"),
-        ("buckets", set(m.get("buckets", {})) <= set(models), "names a runtime that has no model"),
-        ("buckets.executorch", [b["max_len"] for b in m.get("buckets", {}).get("executorch", [])]
-         in ([], sorted({b["max_len"] for b in m.get("buckets", {}).get("executorch", [])})), "not shortest first"),
-        ("buckets.executorch", m.get("buckets", {}).get("executorch", [{"max_len": T}])[-1]["max_len"] == T,
-         f"the last bucket must be max_len {T}"),
+        ("buckets", set(buckets) <= set(models), "names a runtime that has no model"),
+        ("buckets.executorch", lengths == sorted(set(lengths)), "not shortest first"),
+        ("buckets.executorch", not lengths or lengths[-1] == T, f"the last bucket must be max_len {T}"),
         ("decoding.oos_id", m["decoding"]["oos_id"] <= n_int, f"above the {n_int} intents"),
         ("inputs", [i["shape"][-1] for i in m["inputs"]][:4] == [T, T, T - 2, n_int],
          f"shapes must end in {T}, {T}, {T - 2} and {n_int} (max_len, max_len - 2, label_sets.intents)"),
