@@ -42,7 +42,9 @@ class QuantizeConfig:
     (e.g. "layers.0.*"). weight4: patterns of Linears whose weights are 4-bit per channel, with INT8
     activations quantized per call (XNNPACK qd8-f32-qc4w), where the size budget needs it; the fallback first
     moves such a layer to static INT8. intent_drop_pts / slot_f1_drop_pts: what INT8 may lose against FP32 on
-    dev before layers fall back. method / percentile: ONNX Runtime's calibration (quantize_onnx)."""
+    dev before layers fall back. method / percentile: ONNX Runtime's calibration (quantize_onnx). onnx_weight_only:
+    ONNX Runtime's MatMuls get 8-bit weights in blocks of embedding_group with FP32 activations (MatMulNBits)
+    instead of static INT8 activations, for runtimes whose integer kernels round differently (the web profile)."""
 
     calib_samples: int = 512
     embedding_bits: int = 4
@@ -54,6 +56,7 @@ class QuantizeConfig:
     max_fallback: int = 8
     method: str = "minmax"
     percentile: float = 99.9
+    onnx_weight_only: bool = False
 
     def __post_init__(self):
         if self.calib_samples < 1:

@@ -46,7 +46,7 @@ def _runtime(value: str | None, package: Path | None = None) -> str:
 def build(
     data: Annotated[Path, typer.Option(help="Dataset: JointBERT folder, CLINC150 JSON, CSV or JSONL.")],
     out: Annotated[Path, typer.Option(help="Output folder: the package, report.json and report.md.")],
-    target: Annotated[str, typer.Option(help="Device profile: android, ios, server-gpu (devices/*.toml), or a path "
+    target: Annotated[str, typer.Option(help="Device profile: android, ios, web, server-cpu, server-gpu (devices/*.toml), or a path "
                                         "to your own .toml profile.")] = "android",
     task: Annotated[str, typer.Option(help="Task (intent: intent + slots when the data has slots).")] = "intent",
     format: Annotated[Optional[str], typer.Option(help="Force the data format: jointbert|clinc|csv|jsonl|split-files "
@@ -254,6 +254,33 @@ def serve(
     finally:
         typer.echo("stopping", err=True)
         srv.stop(address)
+
+
+@app.command()
+def web(
+    package: Path = typer.Argument(..., help="Package folder with an ONNX model (best: built with --target web)."),
+    port: int = typer.Option(8080, help="HTTP port on 127.0.0.1 (0: any free port)."),
+    site: Optional[Path] = typer.Option(None, help="The page's folder (default: examples/web of this checkout, "
+                                        "after `npm ci && npm run build` there)."),
+):
+    """Serve the in-browser demo on 127.0.0.1: the package runs in the tab (onnxruntime-web, WASM); each
+    keystroke shows the intent, confidence, slots and latency. Ctrl-C or SIGTERM stops it."""
+    import signal
+    import threading
+
+    from edgekit import web as w
+
+    server, url, warning = w.start(package, "127.0.0.1", port, site or w.SITE)
+    if warning:
+        typer.echo(f"warning: {warning}", err=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    typer.echo(f"serving {package} with the web page at {url} (it runs in the browser, offline once loaded); "
+               "Ctrl-C stops", err=True)
+    stop.wait()
+    server.shutdown()
+    typer.echo("stopping", err=True)
 
 
 @app.command()

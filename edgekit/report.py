@@ -193,13 +193,17 @@ def _quantization(rep: dict) -> list[str]:
         lines.append(f"- FP32 fallback `{f['layer']}`: {f['why']}")
     export = next((p for p in rep.get("passes", []) if p["name"] == "export"), None)
     oq = export and export["extra"].get("onnx", {}).get("extra", {}).get("quantize")
-    if oq:
+    emb4 = (f"; word embeddings 4-bit in groups of {oq['embedding']['group']} (GatherBlockQuantized)"
+            if oq and oq.get("embedding") else "; word embeddings FP32")
+    if oq and oq["method"] == "weight_only":
+        lines.append(f"- ONNX Runtime (weight only, quantize.onnx_weight_only): {oq['quantized_matmuls']} MatMuls with "
+                     f"{oq['weight_bits']}-bit weights in blocks of {oq['block']} and FP32 activations (MatMulNBits), "
+                     f"nothing calibrated" + emb4 + ".")
+    elif oq:
         lines.append(f"- ONNX Runtime (quantize_static, QDQ, per-channel): {oq['quantized_matmuls']} MatMul/Gemm "
                      f"layers, calibration {oq['method']}"
                      + (f" {oq['percentile']}" if oq.get("percentile") else "") + f" on {oq['calib_samples']} "
-                     f"utterances; nodes {oq['nodes_before']} → {oq['nodes_after']} (QDQ pairs added)"
-                     + (f"; word embeddings 4-bit in groups of {oq['embedding']['group']} (GatherBlockQuantized)"
-                        if oq.get("embedding") else "; word embeddings FP32") + ".")
+                     f"utterances; nodes {oq['nodes_before']} → {oq['nodes_after']} (QDQ pairs added)" + emb4 + ".")
     rows = e.get("quant_layers", [])[:10]
     if rows:
         lines += ["", "Least accurate layers (isolated: each fed the FP32 model's input; all layers in report.json "

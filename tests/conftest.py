@@ -85,8 +85,8 @@ def stage_cache(tmp_path_factory):
 # neither worker idles at the end while the other runs a long file.
 COST_S = {"test_integration.py": 360, "test_pipeline.py": 340, "test_cli.py": 270, "converters/test_quantize.py": 227,
           "test_serve.py": 175, "test_golden.py": 150, "test_compress.py": 135, "test_repro.py": 115,
-          "runtime/test_bounds.py": 95, "converters/test_decoding.py": 69, "converters/test_optimize_onnx.py": 46,
-          "test_doctor.py": 45, "converters/test_export.py": 44, "runtime/test_buckets.py": 41}
+          "runtime/test_bounds.py": 95, "test_web.py": 85, "converters/test_decoding.py": 69,
+          "converters/test_optimize_onnx.py": 46, "test_doctor.py": 45, "converters/test_export.py": 44, "runtime/test_buckets.py": 41}
 
 
 def pytest_collection_modifyitems(items):

@@ -128,7 +128,8 @@ def decoding_graph(ctx: Context, model):
 
 
 def _onnx_int8(ctx: Context, model, ecfg, path: Path, decoding: bool) -> PassRecord:
-    """Export `model` (FP32) to ONNX, then ONNX Runtime's static INT8 (QDQ) with the build's calibration."""
+    """Export `model` (FP32) to ONNX, then ONNX Runtime's static INT8 (QDQ) with the build's calibration, or 8-bit
+    weights with FP32 activations (quantize.onnx_weight_only)."""
     from edgekit.converters.export_onnx import export_onnx
     from edgekit.converters.quantize_onnx import quantize_onnx
 

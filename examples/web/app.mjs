@@ -1,0 +1,101 @@
+/**
+ * The page: every keystroke runs the package in this tab (onnxruntime-web, WASM) and shows the intent, its
+ * confidence, the slots highlighted in the text and the latency. `edgekit web PKG` serves this folder with the
+ * package under ./pkg/. Once loaded it needs no network (sw.js keeps every file it fetched).
+ */
+import * as ort from "onnxruntime-web/wasm";
+import {SentencePieceProcessor} from "@sctg/sentencepiece-js";
+import {openPackage, predict} from "./client.mjs";
+
+const $ = (id) => document.getElementById(id);
+const PKG = "pkg/";
+
+async function fetchOk(name, kind) {
+  const response = await fetch(PKG + name);
+  if (!response.ok) throw new Error(`${PKG}${name}: HTTP ${response.status}`);
+  return kind === "json" ? response.json() : new Uint8Array(await response.arrayBuffer());
+}
+
+async function load() {
+  ort.env.wasm.wasmPaths = new URL("./", import.meta.url).href;  // the .wasm beside this bundle, never a CDN
+  ort.env.wasm.numThreads = 1;  // one core, as an app's foreground call on the phone
+  const manifest = await fetchOk("manifest.json", "json");
+  const labels = await fetchOk(manifest.labels, "json");
+  const tokenizerBytes = await fetchOk(manifest.tokenizer.file);
+  const session = await ort.InferenceSession.create(await fetchOk(manifest.models.onnx),
+    {executionProviders: ["wasm"]});
+  return openPackage({manifest, labels, tokenizerBytes, ort, session, SentencePieceProcessor});
+}
+
+/** The text with each slot's characters wrapped in a <mark> (spans are code points; JS strings are UTF-16). */
+function highlight(text, slots) {
+  const chars = Array.from(text), out = document.createDocumentFragment();
+  let at = 0;
+  for (const s of slots) {
+    if (s.start > at) out.append(chars.slice(at, s.start).join(""));
+    const mark = document.createElement("mark");
+    mark.dataset.slot = s.slot;
+    mark.title = s.slot;
+    mark.append(chars.slice(s.start, s.end).join(""));
+    const tag = document.createElement("sub");
+    tag.textContent = s.slot;
+    mark.append(tag);
+    out.append(mark);
+    at = s.end;
+  }
+  out.append(chars.slice(at).join(""));
+  return out;
+}
+
+function render(text, answer, ms) {
+  $("intent").textContent = answer.intent;
+  $("confidence").textContent = answer.confidence.toFixed(3);
+  $("latency").textContent = `${ms.toFixed(1)} ms`;
+  $("text").replaceChildren(highlight(text, answer.slots));
+  $("slots").replaceChildren(...answer.slots.map((s) => {
+    const row = document.createElement("tr");
+    for (const v of [s.slot, s.value]) row.append(Object.assign(document.createElement("td"), {textContent: v}));
+    return row;
+  }));
+  $("truncated").hidden = !answer.truncated;
+  // What a test reads back: the answer (as `edgekit predict` prints it) and the text it answers.
+  const {tags, ...printed} = answer;
+  $("answer").textContent = JSON.stringify(printed);
+  $("answer").dataset.text = text;
+}
+
+async function main() {
+  if ("serviceWorker" in navigator) navigator.serviceWorker.register("sw.js").catch(() => {});
+  let pkg;
+  try {
+    pkg = await load();
+  } catch (err) {
+    $("status").textContent = `could not load the package: ${err.message}`;
+    $("status").className = "error";
+    return;
+  }
+  const {manifest, I} = pkg;
+  $("status").textContent = `${manifest.profile} package · ${I} intents · ${manifest.label_sets.slot_tags} slot ` +
+    `tags · onnxruntime-web ${ort.env.versions.web} (WASM) · runs in this tab`;
+  const box = $("input");
+  let busy = false, pending = false;
+  async function update() {  // one prediction at a time; keystrokes during one are answered by the next
+    if (busy) { pending = true; return; }
+    busy = true;
+    do {
+      pending = false;
+      const text = box.value;
+      const t0 = performance.now();
+      const answer = await predict(pkg, text);
+      render(text, answer, performance.now() - t0);
+    } while (pending);
+    busy = false;
+  }
+  box.addEventListener("input", update);
+  box.disabled = false;
+  box.focus();
+  document.body.dataset.ready = "true";
+  if (box.value) update();
+}
+
+main();

@@ -1,0 +1,124 @@
+"""examples/web against the Python runtime: the Node CLI, and the page in real headless Chromium served by
+`edgekit web`, both on a package built for the web profile from a slice of SNIPS."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from edgekit.build import BuildConfig, build
+from edgekit.runtime import Predictor
+
+from .conftest import REPO, SHARED, write_tiny_bert
+from .test_integration import slice_jointbert
+
+WEB = REPO / "examples" / "web"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+
+
+def need(ok: bool, what: str):
+    """CI installs Node's modules, the page bundle and Chromium (.ci/run): there a missing one fails the test."""
+    if not ok:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"needs {what}")
+
+
+@pytest.fixture(scope="module")
+def texts():
+    need((SHARED / "snips").is_dir(), "../shared/data/snips beside the checkout")
+    lines = (SHARED / "snips" / "test" / "seq.in").read_text().splitlines()
+    return lines[::14][:50]  # 50 of the 700, spread over the intents (the file is grouped by intent in places)
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory, texts):
+    """A web-profile package: a tiny random BERT whose vocabulary holds the slice's words, fine-tuned on 640
+    SNIPS training utterances (the page must show varied intents and slots, so the model has to learn some)."""
+    tmp = tmp_path_factory.mktemp("web")
+    slice_jointbert(SHARED / "snips", tmp / "snips", {"train": 640, "dev": 100, "test": 100})
+    words = [w.lower() for f in ("train", "dev", "test") for line in (tmp / "snips" / f / "seq.in").read_text()
+             .splitlines() for w in line.split()] + [w.lower() for t in texts for w in t.split()]
+    base = write_tiny_bert(tmp / "bert", words, hidden=64, ffn=128)
+    out = tmp / "pkg"
+    build(BuildConfig(data=str(tmp / "snips"), out=str(out), target="web", base_model=str(base),
+                      stages=["teacher", "quantize", "export", "package"],
+                      settings={"teacher": {"epochs": 12, "batch_size": 16, "lr": 1e-3},
+                                "package": {"bench_utterances": 0}, "decoding": {"compare_argmax": False}}))
+    return out
+
+
+def python_answers(pkg, texts):
+    p = Predictor.open(pkg, "onnx")
+    return [{k: v for k, v in p.predict(t).items() if k != "tags"} for t in texts]
+
+
+def varied(answers):
+    """The model answers more than one thing: a client that ignored its inputs could not pass."""
+    return len({a["intent"] for a in answers}) >= 3 and sum(bool(a["slots"]) for a in answers) >= 10
+
+
+def test_node_cli_prints_what_edgekit_predict_prints(pkg, texts, tmp_path):
+    need(shutil.which("node") is not None and (WEB / "node_modules" / "onnxruntime-node").is_dir(),
+         "node and `npm ci` in examples/web")
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    res = subprocess.run(["node", "cli.mjs", str(pkg), "--file", str(tmp_path / "texts.txt")], cwd=WEB,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    expected = [json.dumps(a, ensure_ascii=False) for a in python_answers(pkg, texts)]
+    assert varied(python_answers(pkg, texts))
+    assert res.stdout.splitlines() == expected  # byte for byte, confidence digits included
+    single = subprocess.run(["node", "cli.mjs", str(pkg), texts[0]], cwd=WEB, capture_output=True, text=True,
+                            timeout=120)
+    assert single.returncode == 0 and single.stdout.strip() == expected[0], single.stderr
+
+
+def test_page_in_headless_chromium_answers_as_the_python_runtime(pkg, texts, tmp_path):
+    need(shutil.which("node") is not None and (WEB / "node_modules" / "playwright-core").is_dir(),
+         "node and `npm ci` in examples/web")
+    need((WEB / "dist" / "app.js").is_file(), "the page bundle (`npm run build` in examples/web)")
+    need(os.access(CHROMIUM, os.X_OK), f"Chromium at {CHROMIUM} (Debian: apt-get install chromium)")
+    server = subprocess.Popen([sys.executable, "-m", "edgekit.cli", "web", str(pkg), "--port", "0"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stderr.readline()  # "serving PKG with the web page at http://127.0.0.1:PORT/ ..."
+        assert " at http://127.0.0.1:" in line, line + server.stderr.read()
+        url = line.split(" at ", 1)[1].split()[0]
+        (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+        shot = tmp_path / "web.png"
+        t0 = time.perf_counter()
+        res = subprocess.run(["node", "e2e.mjs", url, str(tmp_path / "texts.txt"), str(shot)], cwd=WEB,
+                             capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        print(f"50 utterances typed in Chromium in {time.perf_counter() - t0:.1f} s")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert server.returncode == 0
+    rows = [json.loads(ln) for ln in res.stdout.splitlines()]
+    typed, offline = rows[:-1], rows[-1]
+    assert [r["text"] for r in typed] == texts and offline["offline"]
+    want = python_answers(pkg, texts)
+    assert varied(want)
+    for r, w in zip(typed + [offline], want + want[:1]):
+        got = r["answer"]
+        # Intent and slots identical; confidence to float rounding (WASM and x86 kernels sum in another order)
+        assert (got["intent"], got["slots"], got.get("truncated")) == (w["intent"], w["slots"], w.get("truncated")), \
+            (r["text"], got, w)
+        assert abs(got["confidence"] - w["confidence"]) <= 1e-5, (r["text"], got, w)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+    if os.environ.get("EDGEKIT_WEB_PNG"):  # keep the screenshot (e.g. for a closing note)
+        shutil.copy(shot, os.environ["EDGEKIT_WEB_PNG"])
+
+
+def test_web_refuses_a_package_without_an_onnx_model_and_a_missing_bundle(tmp_path, pkg):
+    res = subprocess.run([sys.executable, "-m", "edgekit.cli", "web", str(tmp_path / "nope")], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and res.stderr.startswith("error:") and "Traceback" not in res.stderr, res.stderr
+    site = tmp_path / "site"
+    site.mkdir()
+    res = subprocess.run([sys.executable, "-m", "edgekit.cli", "web", str(pkg), "--site", str(site)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "npm run build" in res.stderr and "Traceback" not in res.stderr, res.stderr
