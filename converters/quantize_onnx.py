@@ -96,12 +96,13 @@ def _weight_only(model, src: Path, dst: Path, cfg: QuantizeConfig, nodes: list[s
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     matmuls = [n.name for n in model.graph.node if n.name in set(nodes) and n.op_type == "MatMul"]
-    q = MatMulNBitsQuantizer(model, bits=8, block_size=cfg.embedding_group, is_symmetric=True, accuracy_level=1,
-                             nodes_to_include=matmuls, op_types_to_quantize=("MatMul",),
-                             quant_format=QuantFormat.QOperator)
-    _quiet(q.process)
+    if matmuls:  # the quantizer takes an empty include list as "every MatMul"
+        q = MatMulNBitsQuantizer(model, bits=8, block_size=cfg.embedding_group, is_symmetric=True, accuracy_level=1,
+                                 nodes_to_include=matmuls, op_types_to_quantize=("MatMul",),
+                                 quant_format=QuantFormat.QOperator)
+        _quiet(q.process)
     with atomic_path(dst) as tmp:
-        onnx.save(q.model.model, str(tmp))
+        onnx.save(q.model.model if matmuls else model, str(tmp))
     emb = _quantize_embedding(dst, cfg) if cfg.embedding_bits == 4 else None
     out = onnx.load(str(dst))
     return PassRecord("quantize_onnx", bytes_before=Path(src).stat().st_size, bytes_after=Path(dst).stat().st_size,

@@ -46,8 +46,8 @@ def _runtime(value: str | None, package: Path | None = None) -> str:
 def build(
     data: Annotated[Path, typer.Option(help="Dataset: JointBERT folder, CLINC150 JSON, CSV or JSONL.")],
     out: Annotated[Path, typer.Option(help="Output folder: the package, report.json and report.md.")],
-    target: Annotated[str, typer.Option(help="Device profile: android, ios, web, server-cpu, server-gpu (devices/*.toml), or a path "
-                                        "to your own .toml profile.")] = "android",
+    target: Annotated[str, typer.Option(help="Device profile: android, ios, web, server-cpu, server-gpu "
+                                        "(devices/*.toml), or a path to your own .toml profile.")] = "android",
     task: Annotated[str, typer.Option(help="Task (intent: intent + slots when the data has slots).")] = "intent",
     format: Annotated[Optional[str], typer.Option(help="Force the data format: jointbert|clinc|csv|jsonl|split-files "
                                                   "(docs/data-formats.md).")] = None,

@@ -2,12 +2,15 @@
 
 The page runs the package's ONNX model in the tab (onnxruntime-web, WASM) with the JavaScript client that was
 written from docs/package-format.md; nothing is predicted on the server. What is served: the page's own files
-(`index.html`, `sw.js`, the bundle in `dist/`) and, under `/pkg/`, `manifest.json` and the files it lists,
-each checked against its sha256 before the server starts. Everything else is 404.
+(`index.html`, `sw.js`, the bundle in `dist/`) and, under `/pkg/`, `manifest.json` and the files the page
+reads (labels, tokenizer, the ONNX model), read into memory once their sha256 is checked, so a package rebuilt
+while the server runs is never served half-written. Everything else is 404, and so is a request whose Host is
+not this loopback address (a page elsewhere cannot reach the package through DNS rebinding).
 """
 
 from __future__ import annotations
 
+import hashlib
 import mimetypes
 import threading
 from functools import partial
@@ -24,34 +27,44 @@ TYPES = {".wasm": "application/wasm", ".mjs": "text/javascript", ".js": "text/ja
 
 def check_site(site: Path) -> None:
     """The page must have been bundled (`npm ci && npm run build` in examples/web)."""
-    missing = [p for p in (*PAGE_FILES, "dist/app.js", "dist/ort-wasm-simd-threaded.wasm") if not (site / p).is_file()]
+    bundle = ("dist/app.js", "dist/ort-wasm-simd-threaded.mjs", "dist/ort-wasm-simd-threaded.wasm")
+    missing = [p for p in (*PAGE_FILES, *bundle) if not (site / p).is_file()]
     if missing:
         raise EdgekitError(f"{site}: {missing[0]} is missing; build the page first: cd {site} && npm ci && "
                            "npm run build")
 
 
-def routes(site: Path, package) -> dict[str, Path]:
-    """URL path -> file, for everything the server answers."""
-    out = {"/": site / "index.html", **{f"/{p}": site / p for p in PAGE_FILES}}
-    out |= {f"/dist/{p.name}": p for p in sorted((site / "dist").iterdir()) if p.is_file()}
-    out |= {f"/pkg/{name}": package.root / name for name in ["manifest.json", *package.manifest["files"]]}
+def routes(site: Path, package) -> dict[str, tuple[str, bytes]]:
+    """URL path -> (content type, body), for everything the server answers."""
+    m = package.manifest
+    files = {"/": site / "index.html", **{f"/{p}": site / p for p in PAGE_FILES}}
+    files |= {f"/dist/{p.name}": p for p in sorted((site / "dist").iterdir()) if p.is_file()}
+    files |= {f"/pkg/{name}": package.root / name
+              for name in ["manifest.json", m["schema"], m["labels"], m["tokenizer"]["file"], m["models"]["onnx"]]}
+    out = {url: (TYPES.get(p.suffix) or mimetypes.guess_type(p.name)[0] or "application/octet-stream",
+                 p.read_bytes()) for url, p in files.items()}
+    # the bytes read now are the ones Package.load checked (a rebuild may have started in between)
+    want = {"manifest.json": package.digest} | {n: f["sha256"] for n, f in m["files"].items()}
+    for url, (_, body) in out.items():
+        name = url.removeprefix("/pkg/")
+        if url.startswith("/pkg/") and hashlib.sha256(body).hexdigest() != want[name]:
+            raise EdgekitError(f"{package.root / name}: changed while edgekit web read it; run it again")
     return out
 
 
 class Handler(BaseHTTPRequestHandler):
-    def __init__(self, *args, table: dict[str, Path], **kwargs):
-        self.table = table
+    def __init__(self, *args, table: dict[str, tuple[str, bytes]], hosts: set[str], **kwargs):
+        self.table, self.hosts = table, hosts
         super().__init__(*args, **kwargs)
 
     def do_GET(self):  # noqa: N802 (http.server's name)
-        path = self.table.get(self.path.split("?", 1)[0])
-        if path is None:
+        found = self.table.get(self.path.split("?", 1)[0])
+        if found is None or self.headers.get("Host") not in self.hosts:
             self.send_error(404)
             return
-        body = path.read_bytes()
+        kind, body = found
         self.send_response(200)
-        self.send_header("Content-Type", TYPES.get(path.suffix) or mimetypes.guess_type(path.name)[0]
-                         or "application/octet-stream")
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-cache")  # a rebuilt package at the same URL is fetched again
         self.end_headers()
@@ -66,19 +79,24 @@ def start(package_dir: str | Path, host: str = "127.0.0.1", port: int = 8080, si
     from edgekit.runtime import Package
 
     check_site(site)
-    pkg = Package.load(package_dir)  # schema, sha256 of every listed file, no strays
+    pkg = Package.load(package_dir)  # the schema, and the sha256 of every listed file
     if "onnx" not in pkg.manifest["models"]:
         raise EdgekitError(f"{package_dir}: the page runs ONNX models; this package has "
                            f"{', '.join(pkg.manifest['models'])} (build with --target web)")
     warning = None
     if pkg.manifest.get("profile") != "web":
         warning = (f"{package_dir} was built for the {pkg.manifest.get('profile')!r} profile: onnxruntime-web's "
-                   "INT8 kernels can answer differently from `edgekit predict --runtime onnx` (SNIPS android: 14 "
-                   "of 700 test answers); build with --target web for the same answers")
+                   "INT8 kernels can answer differently from `edgekit predict --runtime onnx` (SNIPS android: "
+                   "1 intent and 13 slot lists of 700 test answers); build with --target web for the same answers")
+    if not 0 <= port <= 65535:
+        raise EdgekitError(f"--port {port}: must be in 0..65535")
+    table = routes(site, pkg)
     try:
-        server = ThreadingHTTPServer((host, port), partial(Handler, table=routes(site, pkg)))
+        server = ThreadingHTTPServer((host, port), partial(Handler, table=table, hosts=set()))
     except OSError as e:
         raise EdgekitError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    bound = server.server_address[1]
+    server.RequestHandlerClass = partial(Handler, table=table, hosts={f"{host}:{bound}", f"localhost:{bound}"})
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://{host}:{server.server_address[1]}/", warning
+    return server, f"http://{host}:{bound}/", warning

@@ -113,12 +113,28 @@ def test_page_in_headless_chromium_answers_as_the_python_runtime(pkg, texts, tmp
         shutil.copy(shot, os.environ["EDGEKIT_WEB_PNG"])
 
 
-def test_web_refuses_a_package_without_an_onnx_model_and_a_missing_bundle(tmp_path, pkg):
-    res = subprocess.run([sys.executable, "-m", "edgekit.cli", "web", str(tmp_path / "nope")], capture_output=True,
-                         text=True, timeout=120)
-    assert res.returncode == 2 and res.stderr.startswith("error:") and "Traceback" not in res.stderr, res.stderr
+def test_web_refuses_a_missing_package_a_bad_port_and_a_missing_bundle(tmp_path, pkg):
+    site = WEB if (WEB / "dist" / "app.js").is_file() else None
+    if site is not None:  # with the page bundled, the package is what is refused
+        res = subprocess.run([sys.executable, "-m", "edgekit.cli", "web", str(tmp_path / "nope")],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and "no such package directory" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+    res = subprocess.run([sys.executable, "-m", "edgekit.cli", "web", str(pkg), "--port", "70000"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and ("0..65535" in res.stderr or "npm run build" in res.stderr), res.stderr
     site = tmp_path / "site"
     site.mkdir()
     res = subprocess.run([sys.executable, "-m", "edgekit.cli", "web", str(pkg), "--site", str(site)],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "npm run build" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_onnx_weight_only_is_in_the_export_key_and_not_in_the_quantize_key():
+    from edgekit.build import resolve
+
+    _, web = resolve(BuildConfig(data="x", out="y", target="web"))
+    _, android = resolve(BuildConfig(data="x", out="y", target="android"))
+    assert web.quantize.onnx_weight_only and not android.quantize.onnx_weight_only
+    assert web.read_by("quantize") == android.read_by("quantize")  # the web build reuses android's INT8 stage
+    assert web.read_by("export") != android.read_by("export")

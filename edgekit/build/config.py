@@ -163,8 +163,7 @@ STAGE_SETTINGS = {
     "distill": {"compress": ("param_share", "total_share", "max_param_share", "max_total_share", "prune_layers",
                              "prune_samples", "max_retries"), "distill": "*", "budget": "*"},
     # onnx_weight_only is read by export alone (ONNX Runtime quantizes its own export)
-    "quantize": {"quantize": ("calib_samples", "embedding_bits", "embedding_group", "keep_fp32", "weight4",
-                              "intent_drop_pts", "slot_f1_drop_pts", "max_fallback", "method", "percentile")},
+    "quantize": {"quantize": tuple(f.name for f in dataclasses.fields(QuantizeConfig) if f.name != "onnx_weight_only")},
     "export": {"decoding": "*", "quantize": "*", "server": ("batch",)},
     "fuse": {"server": "*"},
     "package": {"package": ("bench_utterances",), "serve": "*", "cascade": ("timeout_s",)},

@@ -75,21 +75,29 @@ async function main() {
     return;
   }
   const {manifest, I} = pkg;
-  $("status").textContent = `${manifest.profile} package · ${I} intents · ${manifest.label_sets.slot_tags} slot ` +
+  const ready = `${manifest.profile} package · ${I} intents · ${manifest.label_sets.slot_tags} slot ` +
     `tags · onnxruntime-web ${ort.env.versions.web} (WASM) · runs in this tab`;
+  $("status").textContent = ready;
   const box = $("input");
   let busy = false, pending = false;
   async function update() {  // one prediction at a time; keystrokes during one are answered by the next
     if (busy) { pending = true; return; }
     busy = true;
-    do {
-      pending = false;
-      const text = box.value;
-      const t0 = performance.now();
-      const answer = await predict(pkg, text);
-      render(text, answer, performance.now() - t0);
-    } while (pending);
-    busy = false;
+    try {
+      do {
+        pending = false;
+        const text = box.value;
+        const t0 = performance.now();
+        const answer = await predict(pkg, text);
+        render(text, answer, performance.now() - t0);
+        Object.assign($("status"), {textContent: ready, className: ""});
+      } while (pending);
+    } catch (err) {  // e.g. a lone surrogate (InputError): say so, and keep answering the next keystrokes
+      $("status").textContent = `no answer: ${err.message}`;
+      $("status").className = "error";
+    } finally {
+      busy = false;
+    }
   }
   box.addEventListener("input", update);
   box.disabled = false;

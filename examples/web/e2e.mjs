@@ -40,7 +40,8 @@ async function type(text) {
 
 await page.goto(url);
 await ready();
-await page.evaluate(() => navigator.serviceWorker.ready);  // installed: the page and package are kept
+await page.evaluate(() => Promise.race([navigator.serviceWorker.ready,  // installed: page and package are kept
+  new Promise((_, reject) => setTimeout(() => reject(new Error("sw.js did not install within 60 s")), 60000))]));
 const out = [];
 for (const text of texts) out.push({text, answer: await type(text)});
 await type(texts[0]);
