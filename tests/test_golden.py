@@ -50,6 +50,7 @@ weight4 = ["*.fc1"]
 max_fallback = 0
 [package]
 bench_utterances = 0  # the answers are pinned, not the latency
+buckets = []  # one length: each bucket is another lowering of the whole graph (test_pipeline checks buckets)
 """
 
 

@@ -12,6 +12,9 @@ from .conftest import DEMO
 BASIC = ["teacher", "export", "package"]
 TEACHER = {"teacher": {"epochs": 4, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2}}
 NO_ARGMAX = {"decoding": {"compare_argmax": False}}  # builds that do not look at the argmax comparison
+# Builds that test no ExecuTorch part: the web profile is android's on ONNX Runtime alone (an ExecuTorch lowering
+# is most of a tiny build's time).
+ONNX_ONLY = "web"
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +159,8 @@ def test_changed_training_line_retrains_from_the_teacher(built, tiny_bert, tmp_p
     data = tmp_path / "demo.jsonl"
     data.write_text("\n".join(lines) + "\n")
     rep = build(BuildConfig(data=str(data), out=str(tmp_path / "o"), base_model=str(tiny_bert), stages=BASIC,
-                            settings={**TEACHER, "package": {"buckets": [], "bench_utterances": 0}, **NO_ARGMAX}))
+                            target=ONNX_ONLY, settings={**TEACHER, "package": {"buckets": [], "bench_utterances": 0},
+                                                        **NO_ARGMAX}))
     assert [s["reused"] for s in rep["stages"]] == [False, False, False]
     assert rep["stages"][0]["key"] != built[1]["stages"][0]["key"]
 
@@ -201,7 +205,7 @@ def test_out_of_scope_data_gets_a_calibrated_threshold_and_a_curve(tmp_path, tin
     csv.write_text("text,label\n" + "".join(f'"{r["text"]}",{r["intent"]}\n' for r in rows)
                    + "".join(f"{t},oos\n" for t in oos))
     out = tmp_path / "pkg"
-    rep = build(BuildConfig(data=str(csv), out=str(out), base_model=str(tiny_bert), stages=BASIC,
+    rep = build(BuildConfig(data=str(csv), out=str(out), base_model=str(tiny_bert), stages=BASIC, target=ONNX_ONLY,
                             settings={**TEACHER, "package": {"buckets": [], "bench_utterances": 0}, **NO_ARGMAX}))
     d = next(p for p in rep["passes"] if p["name"] == "export")["extra"]["decoding"]
     cands = d["candidates"]
