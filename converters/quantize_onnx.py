@@ -55,6 +55,9 @@ def quantize_onnx(src: str | Path, dst: str | Path, cfg: QuantizeConfig, calib: 
     names = [i.name for i in model.graph.input]
     nodes = [n for n in weight_matmuls(model) if n not in set(exclude or ())]
 
+    if cfg.onnx_weight_only:  # nothing calibrated
+        return _weight_only(model, src, dst, cfg, nodes, exclude, t0)
+
     class Reader(CalibrationDataReader):
         def __init__(self):
             self.it = iter(calib[: cfg.calib_samples])
@@ -66,8 +69,6 @@ def quantize_onnx(src: str | Path, dst: str | Path, cfg: QuantizeConfig, calib: 
     method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
               "entropy": CalibrationMethod.Entropy}[cfg.method]
     extra = {"CalibPercentile": cfg.percentile} if cfg.method == "percentile" else {}
-    if cfg.onnx_weight_only:
-        return _weight_only(model, src, dst, cfg, nodes, exclude, t0)
     warnings, used = [], cfg.method
     with atomic_path(dst) as tmp:
         try:
@@ -95,7 +96,9 @@ def _weight_only(model, src: Path, dst: Path, cfg: QuantizeConfig, nodes: list[s
     from onnxruntime.quantization import QuantFormat
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    matmuls = [n.name for n in model.graph.node if n.name in set(nodes) and n.op_type == "MatMul"]
+    before = len(model.graph.node)  # the quantizer rewrites `model` in place
+    wanted = set(nodes)
+    matmuls = [n.name for n in model.graph.node if n.name in wanted and n.op_type == "MatMul"]
     if matmuls:  # the quantizer takes an empty include list as "every MatMul"
         q = MatMulNBitsQuantizer(model, bits=8, block_size=cfg.embedding_group, is_symmetric=True, accuracy_level=1,
                                  nodes_to_include=matmuls, op_types_to_quantize=("MatMul",),
@@ -109,7 +112,7 @@ def _weight_only(model, src: Path, dst: Path, cfg: QuantizeConfig, nodes: list[s
                       seconds=time.perf_counter() - t0,
                       extra={"method": "weight_only", "weight_bits": 8, "block": cfg.embedding_group,
                              "quantized_matmuls": sum(n.op_type == "MatMulNBits" for n in out.graph.node),
-                             "excluded": sorted(exclude or ()), "embedding": emb, "nodes_before": len(model.graph.node),
+                             "excluded": sorted(exclude or ()), "embedding": emb, "nodes_before": before,
                              "nodes_after": len(out.graph.node)})
 
 

@@ -171,14 +171,48 @@ def _compression(rep: dict) -> list[str]:
 
 
 def _quantization(rep: dict) -> list[str]:
-    """INT8: what was quantized, what fell back to FP32 and why, and the 10 least accurate layers."""
+    """What was quantized for each runtime: XNNPACK's INT8 (quantize stage), with what fell back to FP32 and why
+    and the 10 least accurate layers, and ONNX Runtime's own pass on its export (export stage)."""
     q = next((p for p in rep.get("passes", []) if p["name"] == "quantize"), None)
-    if not q:
+    export = next((p for p in rep.get("passes", []) if p["name"] == "export"), None)
+    oq = export and export["extra"].get("onnx", {}).get("extra", {}).get("quantize")
+    if not q and not oq:
         return []
+    weight_only = oq and oq["method"] == "weight_only"
+    lines = ["", "## Quantization (8-bit weights)" if weight_only and not q else "## Quantization (INT8)", ""]
+    if q:
+        lines += _xnnpack_int8(q)
+    emb4 = (f"; word embeddings 4-bit in groups of {oq['embedding']['group']} (GatherBlockQuantized)"
+            if oq and oq.get("embedding") else "; word embeddings FP32")
+    if weight_only:
+        lines.append(f"- ONNX Runtime (weight only, quantize.onnx_weight_only): {oq['quantized_matmuls']} MatMuls with "
+                     f"{oq['weight_bits']}-bit weights in blocks of {oq['block']} and FP32 activations (MatMulNBits), "
+                     f"nothing calibrated" + emb4 + ".")
+    elif oq:
+        lines.append(f"- ONNX Runtime (quantize_static, QDQ, per-channel): {oq['quantized_matmuls']} MatMul/Gemm "
+                     f"layers, calibration {oq['method']}"
+                     + (f" {oq['percentile']}" if oq.get("percentile") else "") + f" on {oq['calib_samples']} "
+                     f"utterances; nodes {oq['nodes_before']} → {oq['nodes_after']} (QDQ pairs added)" + emb4 + ".")
+    rows = q["extra"].get("quant_layers", [])[:10] if q else []
+    if rows:
+        lines += ["", "Least accurate layers (isolated: each fed the FP32 model's input; all layers in report.json "
+                  "`quant_layers`):", "", "| layer | weight bits | SQNR dB | activation scale | zero point | "
+                  "output scale | weight scale min / mean / max |", "|---|---:|---:|---:|---:|---:|---|"]
+        for r in rows:
+            act = (f"{r['act_scale']:.4g} | {r['act_zero_point']}" if r.get("act_scale") is not None
+                   else "per call | per call")
+            lines.append(f"| {r['layer']} | {r.get('weight_bits', 8)} | {r['sqnr_db']:.1f} | {act} | "
+                         + (f"{r['out_scale']:.4g}" if r["out_scale"] is not None else "—")
+                         + f" | {r['weight_scale_min']:.3g} / {r['weight_scale_mean']:.3g} / "
+                         f"{r['weight_scale_max']:.3g} |")
+    return lines
+
+
+def _xnnpack_int8(q: dict) -> list[str]:
+    """The quantize stage: XNNPACK's INT8 eager model (PT2E), its tries and its FP32 fallbacks."""
     e = q["extra"]
     emb = e.get("embedding") or {}
-    lines = ["", "## Quantization (INT8)", "",
-             f"ExecuTorch/XNNPACK (PT2E, XNNPACKQuantizer): {e['quantized_linears']} of {e['linears']} Linear layers "
+    lines = [f"ExecuTorch/XNNPACK (PT2E, XNNPACKQuantizer): {e['quantized_linears']} of {e['linears']} Linear layers "
              f"INT8 (per-channel weights, activations calibrated on {e['calib_samples']} train utterances"
              + (f"; {len(e['weight4_layers'])} of them with 4-bit weights and INT8 input quantized per call, "
                 "XNNPACK qd8-f32-qc4w" if e.get("weight4_layers") else "") + "); "
@@ -191,31 +225,6 @@ def _quantization(rep: dict) -> list[str]:
                      + ", ".join(f"{k} {v:.2f} pts" for k, v in t["drop_pts"].items()))
     for f in e.get("fp32_layers", []):
         lines.append(f"- FP32 fallback `{f['layer']}`: {f['why']}")
-    export = next((p for p in rep.get("passes", []) if p["name"] == "export"), None)
-    oq = export and export["extra"].get("onnx", {}).get("extra", {}).get("quantize")
-    emb4 = (f"; word embeddings 4-bit in groups of {oq['embedding']['group']} (GatherBlockQuantized)"
-            if oq and oq.get("embedding") else "; word embeddings FP32")
-    if oq and oq["method"] == "weight_only":
-        lines.append(f"- ONNX Runtime (weight only, quantize.onnx_weight_only): {oq['quantized_matmuls']} MatMuls with "
-                     f"{oq['weight_bits']}-bit weights in blocks of {oq['block']} and FP32 activations (MatMulNBits), "
-                     f"nothing calibrated" + emb4 + ".")
-    elif oq:
-        lines.append(f"- ONNX Runtime (quantize_static, QDQ, per-channel): {oq['quantized_matmuls']} MatMul/Gemm "
-                     f"layers, calibration {oq['method']}"
-                     + (f" {oq['percentile']}" if oq.get("percentile") else "") + f" on {oq['calib_samples']} "
-                     f"utterances; nodes {oq['nodes_before']} → {oq['nodes_after']} (QDQ pairs added)" + emb4 + ".")
-    rows = e.get("quant_layers", [])[:10]
-    if rows:
-        lines += ["", "Least accurate layers (isolated: each fed the FP32 model's input; all layers in report.json "
-                  "`quant_layers`):", "", "| layer | weight bits | SQNR dB | activation scale | zero point | "
-                  "output scale | weight scale min / mean / max |", "|---|---:|---:|---:|---:|---:|---|"]
-        for r in rows:
-            act = (f"{r['act_scale']:.4g} | {r['act_zero_point']}" if r.get("act_scale") is not None
-                   else "per call | per call")
-            lines.append(f"| {r['layer']} | {r.get('weight_bits', 8)} | {r['sqnr_db']:.1f} | {act} | "
-                         + (f"{r['out_scale']:.4g}" if r["out_scale"] is not None else "—")
-                         + f" | {r['weight_scale_min']:.3g} / {r['weight_scale_mean']:.3g} / "
-                         f"{r['weight_scale_max']:.3g} |")
     return lines
 
 

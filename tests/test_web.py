@@ -1,6 +1,7 @@
 """examples/web against the Python runtime: the Node CLI, and the page in real headless Chromium served by
 `edgekit web`, both on a package built for the web profile from a slice of SNIPS."""
 
+import http.client
 import json
 import os
 import shutil
@@ -44,7 +45,7 @@ def pkg(tmp_path_factory, texts):
     base = write_tiny_bert(tmp / "bert", words, hidden=64, ffn=128)
     out = tmp / "pkg"
     build(BuildConfig(data=str(tmp / "snips"), out=str(out), target="web", base_model=str(base),
-                      stages=["teacher", "quantize", "export", "package"],
+                      stages=["teacher", "export", "fuse", "package"],  # the web profile's, less compression
                       settings={"teacher": {"epochs": 12, "batch_size": 16, "lr": 1e-3},
                                 "package": {"bench_utterances": 0}, "decoding": {"compare_argmax": False}}))
     return out
@@ -67,8 +68,9 @@ def test_node_cli_prints_what_edgekit_predict_prints(pkg, texts, tmp_path):
     res = subprocess.run(["node", "cli.mjs", str(pkg), "--file", str(tmp_path / "texts.txt")], cwd=WEB,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
-    expected = [json.dumps(a, ensure_ascii=False) for a in python_answers(pkg, texts)]
-    assert varied(python_answers(pkg, texts))
+    answers = python_answers(pkg, texts)
+    expected = [json.dumps(a, ensure_ascii=False) for a in answers]
+    assert varied(answers)
     assert res.stdout.splitlines() == expected  # byte for byte, confidence digits included
     single = subprocess.run(["node", "cli.mjs", str(pkg), texts[0]], cwd=WEB, capture_output=True, text=True,
                             timeout=120)
@@ -93,6 +95,18 @@ def test_page_in_headless_chromium_answers_as_the_python_runtime(pkg, texts, tmp
                              capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-3000:]
         print(f"50 utterances typed in Chromium in {time.perf_counter() - t0:.1f} s")
+        # the model is revalidated, not downloaded again (the service worker's install, a reload): ETag, then 304
+        port = int(url.rstrip("/").rsplit(":", 1)[1])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/pkg/model.onnx")
+        first = conn.getresponse()
+        body, etag = first.read(), first.getheader("ETag")
+        assert first.status == 200 and body == (pkg / "model.onnx").read_bytes() and etag
+        conn.request("GET", "/pkg/model.onnx", headers={"If-None-Match": etag})
+        again = conn.getresponse()
+        assert again.status == 304 and again.read() == b""
+        conn.request("GET", "/pkg/model.onnx", headers={"If-None-Match": '"other"'})
+        assert conn.getresponse().status == 200
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -122,7 +136,7 @@ def test_web_refuses_a_missing_package_a_bad_port_and_a_missing_bundle(tmp_path,
         assert "Traceback" not in res.stderr
     res = subprocess.run([sys.executable, "-m", "edgekit.cli", "web", str(pkg), "--port", "70000"],
                          capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2 and ("0..65535" in res.stderr or "npm run build" in res.stderr), res.stderr
+    assert res.returncode == 2 and "0..65535" in res.stderr, res.stderr  # checked before anything else
     site = tmp_path / "site"
     site.mkdir()
     res = subprocess.run([sys.executable, "-m", "edgekit.cli", "web", str(pkg), "--site", str(site)],
@@ -130,11 +144,23 @@ def test_web_refuses_a_missing_package_a_bad_port_and_a_missing_bundle(tmp_path,
     assert res.returncode == 2 and "npm run build" in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
+def test_the_report_describes_the_model_the_page_runs(pkg):
+    rep = json.loads((pkg / "report.json").read_text())
+    q = next(p for p in rep["passes"] if p["name"] == "export")["extra"]["onnx"]["extra"]["quantize"]
+    assert q["method"] == "weight_only" and q["quantized_matmuls"] > 0 and q["embedding"]
+    section = (pkg / "report.md").read_text().split("## Quantization (8-bit weights)")[1].split("\n## ")[0]
+    assert "MatMulNBits" in section and "XNNPACK" not in section  # no INT8 model that the package does not hold
+
+
 def test_onnx_weight_only_is_in_the_export_key_and_not_in_the_quantize_key():
     from edgekit.build import resolve
 
-    _, web = resolve(BuildConfig(data="x", out="y", target="web"))
+    target, web = resolve(BuildConfig(data="x", out="y", target="web"))
     _, android = resolve(BuildConfig(data="x", out="y", target="android"))
     assert web.quantize.onnx_weight_only and not android.quantize.onnx_weight_only
-    assert web.read_by("quantize") == android.read_by("quantize")  # the web build reuses android's INT8 stage
+    assert "quantize" not in target.stages  # XNNPACK's INT8 model is not shipped: not made either
+    assert web.read_by("quantize") == android.read_by("quantize")  # an android build with it --set reuses its INT8
     assert web.read_by("export") != android.read_by("export")
+    # ONNX Runtime's calibration settings are read by export alone too
+    _, pct = resolve(BuildConfig(data="x", out="y", target="android", sets=["quantize.method=percentile"]))
+    assert pct.read_by("quantize") == android.read_by("quantize") and pct.read_by("export") != android.read_by("export")

@@ -154,6 +154,7 @@ TABLES: dict[str, type] = {"teacher": TrainConfig, "compress": CompressConfig, "
                            "quantize": QuantizeConfig, "decoding": DecodingSettings, "budget": BudgetConfig,
                            "package": PackageSettings, "server": ServerConfig, "serve": ServeSettings,
                            "network": NetworkSettings, "cascade": CascadeSettings}
+ONNX_ONLY = ("method", "percentile", "onnx_weight_only")  # [quantize] settings of ONNX Runtime's own INT8 pass
 # The settings each stage reads ("*": the whole table): they, with the stage's input, make its cache key. A
 # setting a stage does not read is not in its key, so changing it reuses that stage.
 STAGE_SETTINGS = {
@@ -162,8 +163,8 @@ STAGE_SETTINGS = {
     "prune": {"compress": ("param_share", "total_share", "prune_layers", "prune_samples")},
     "distill": {"compress": ("param_share", "total_share", "max_param_share", "max_total_share", "prune_layers",
                              "prune_samples", "max_retries"), "distill": "*", "budget": "*"},
-    # onnx_weight_only is read by export alone (ONNX Runtime quantizes its own export)
-    "quantize": {"quantize": tuple(f.name for f in dataclasses.fields(QuantizeConfig) if f.name != "onnx_weight_only")},
+    # ONNX Runtime quantizes its own export, in the export stage: the settings only it reads are not in this key
+    "quantize": {"quantize": tuple(f.name for f in dataclasses.fields(QuantizeConfig) if f.name not in ONNX_ONLY)},
     "export": {"decoding": "*", "quantize": "*", "server": ("batch",)},
     "fuse": {"server": "*"},
     "package": {"package": ("bench_utterances",), "serve": "*", "cascade": ("timeout_s",)},

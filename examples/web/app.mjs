@@ -87,14 +87,15 @@ async function main() {
       do {
         pending = false;
         const text = box.value;
-        const t0 = performance.now();
-        const answer = await predict(pkg, text);
-        render(text, answer, performance.now() - t0);
-        Object.assign($("status"), {textContent: ready, className: ""});
+        try {
+          const t0 = performance.now();
+          const answer = await predict(pkg, text);
+          render(text, answer, performance.now() - t0);
+          Object.assign($("status"), {textContent: ready, className: ""});
+        } catch (err) {  // e.g. a lone surrogate (InputError): say so; a keystroke typed meanwhile is still answered
+          Object.assign($("status"), {textContent: `no answer: ${err.message}`, className: "error"});
+        }
       } while (pending);
-    } catch (err) {  // e.g. a lone surrogate (InputError): say so, and keep answering the next keystrokes
-      $("status").textContent = `no answer: ${err.message}`;
-      $("status").className = "error";
     } finally {
       busy = false;
     }

@@ -167,7 +167,10 @@ def run(ctx: Context) -> ExportResult:
     eager = predict_eager(decoded, test, ctx.tokenizer, ctx.labels, ctx.max_len, reject=False)
     rec = PassRecord("export", params_before=count_params(model), params_after=count_params(model))
     rec.extra["decoding"] = drec.to_dict()["extra"]
-    fp32 = ctx.fp32().model if ctx.quantize is not None else None  # ONNX Runtime quantizes its own export
+    # ONNX Runtime quantizes its own export of the FP32 model: after the quantize stage (static INT8), or with
+    # 8-bit weights alone (quantize.onnx_weight_only: the web profile, which has no quantize stage)
+    int8 = ctx.quantize is not None or ctx.settings.quantize.onnx_weight_only
+    fp32 = ctx.fp32().model if int8 else None
     for runtime in ctx.target.runtimes:
         fn, ecfg = exporters[runtime]
         path, raw_path = ctx.work / MODEL_FILES[runtime], ctx.work / raw_name(runtime)
