@@ -65,7 +65,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 (http.server's name)
         found = self.table.get(self.path.split("?", 1)[0])
         addr, port = self.server.server_address[:2]
-        if found is None or self.headers.get("Host") not in (f"{addr}:{port}", f"localhost:{port}"):
+        # a browser leaves the default port out of Host
+        hosts = (f"{addr}:{port}", f"localhost:{port}") + ((addr, "localhost") if port == 80 else ())
+        if found is None or self.headers.get("Host") not in hosts:
             self.send_error(404)
             return
         kind, body, sha = found

