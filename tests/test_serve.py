@@ -16,11 +16,12 @@ import pytest
 from edgekit.build import BuildConfig, build
 from edgekit.runtime import Predictor
 
-from .conftest import DEMO
+from .conftest import DEMO, need_module
 
 pytestmark = pytest.mark.serve
-# Ray Serve is the `serve` extra, which `make` (and so CI) installs; a bare `pip install -e .` has no server.
-ray = pytest.importorskip("ray", reason="Ray Serve is the serve extra: pip install -e '.[serve]'")
+# Ray Serve is the `serve` extra, which `make` (and so CI, where a missing one fails) installs; a bare
+# `pip install -e .` has no server, and these tests skip there.
+ray = need_module("ray", "Ray Serve, the serve extra: pip install -e '.[serve]'")
 SETTINGS = {"teacher": {"epochs": 4, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2}, "package": {"bench_utterances": 0},
             "decoding": {"compare_argmax": False},
             "serve": {"threads": 1, "max_batch": 16, "max_text_chars": 200, "batch_wait_ms": 25.0}}
