@@ -53,7 +53,8 @@ def quantize_onnx(src: str | Path, dst: str | Path, cfg: QuantizeConfig, calib: 
     t0 = time.perf_counter()
     model = onnx.load(str(src))
     names = [i.name for i in model.graph.input]
-    nodes = [n for n in weight_matmuls(model) if n not in set(exclude or ())]
+    skip = set(exclude or ())
+    nodes = [n for n in weight_matmuls(model) if n not in skip]
 
     if cfg.onnx_weight_only:  # nothing calibrated
         return _weight_only(model, src, dst, cfg, nodes, exclude, t0)

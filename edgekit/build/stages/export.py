@@ -169,8 +169,8 @@ def run(ctx: Context) -> ExportResult:
     rec.extra["decoding"] = drec.to_dict()["extra"]
     # ONNX Runtime quantizes its own export of the FP32 model: after the quantize stage (static INT8), or with
     # 8-bit weights alone (quantize.onnx_weight_only: the web profile, which has no quantize stage)
-    int8 = ctx.quantize is not None or ctx.settings.quantize.onnx_weight_only
-    fp32 = ctx.fp32().model if int8 else None
+    onnx_quantized = ctx.quantize is not None or ctx.settings.quantize.onnx_weight_only
+    fp32 = ctx.fp32().model if onnx_quantized else None
     for runtime in ctx.target.runtimes:
         fn, ecfg = exporters[runtime]
         path, raw_path = ctx.work / MODEL_FILES[runtime], ctx.work / raw_name(runtime)
