@@ -138,7 +138,8 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
     """Best BIO tag sequence over the words. emit (B, T, S) piece scores, word_pos (B, T - 2) the position of
     each word's first piece (0 past the last word), tables from `bio_tables`, row (B,) each example's table row
     (default 0), backtrack "argmax" or "table" (see BACKTRACK). Returns (B, T): word w's tag id at column w, O
-    past the last word.
+    past the last word. Batched, T may be shorter than W + 2 (a dynamic sequence axis: the batch is cut to its
+    longest utterance, the word axis stays the package's); the output is then (B, W + 2).
 
     Unrolled over the fixed length as plain tensor ops, so it exports to any runtime. At this size the cost is
     ExecuTorch portable-kernel calls (about 0.2 us each, more for broadcasting and elementwise maximum), so the
@@ -162,7 +163,7 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
         e = torch.cat([pad, e[:, 1:]], 1)
         e = e.reshape(T, L).index_select(0, word_pos.reshape(W))  # (W, L): each word's first piece
     else:
-        pad, neg, zero, o = pad.expand(B, 1, L), neg.expand(B, 1, P), zero.expand(B, 1), o.expand(B, T - W)
+        pad, neg, zero, o = pad.expand(B, 1, L), neg.expand(B, 1, P), zero.expand(B, 1), o.expand(B, -1)
         e = emit.gather(2, cols[:, None, :].expand(B, T, L)) + fill
         e = torch.cat([pad, e[:, 1:]], 1).gather(1, word_pos[:, :, None].expand(B, W, L))
     halves = e.reshape(B, 2 * W, P).split(1, dim=1)  # word w: first half at 2w, I-x at 2w + 1; (B, 1, P) each

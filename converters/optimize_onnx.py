@@ -36,6 +36,7 @@ class ServerConfig:
     offline fusion, then a precision. Phones keep the defaults (batch 1, generic fusion, the quantize stage)."""
 
     batch: bool = False  # dynamic batch axis on every input and output
+    seq: str = "fixed"  # with batch: "dynamic" lets input_ids and attention_mask be cut to a batch's longest utterance
     optimize: bool = False  # onnxruntime.transformers optimizer (model_type "bert") in the fuse stage
     precision: str = "fp32"  # after the optimizer: fp32, fp16 or int8
     int8: str = "static"  # with precision int8: "static" (answers independent of the batch) or "dynamic"
@@ -46,6 +47,10 @@ class ServerConfig:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.int8 not in ("dynamic", "static"):
             raise ValueError(f"int8 must be dynamic or static, got {self.int8!r}")
+        if self.seq not in ("fixed", "dynamic"):
+            raise ValueError(f"seq must be fixed or dynamic, got {self.seq!r}")
+        if self.seq == "dynamic" and not self.batch:
+            raise ValueError("seq = dynamic needs batch = true (phone graphs keep one fixed length)")
         if self.precision != "fp32" and not self.optimize:
             raise ValueError("precision needs optimize = true (it is applied to the optimized graph)")
         if not 0 <= self.min_agreement <= 1:
@@ -66,15 +71,18 @@ def fusable(model) -> list[str]:
         inits[name] = g.initializer[-1]
 
     # 1. LayerNorm(Add(Add(Gather(word, ids), Gather(pos, arange)), type_row)) -> LayerNorm(Add(...)) with the
-    #    type row inside the position table, the positions Expand(Range(Shape(ids)[1])) as BERT's exporter made.
+    #    type row inside the position table, the positions Expand(Range(Shape(ids)[1])) as BERT's exporter made
+    #    (the exporter's own Range, on a dynamic sequence axis, is not the pattern the optimizer looks for).
     ln = next((n for n in g.node if n.op_type == "LayerNormalization"), None)
     add_t = prod.get(ln.input[0]) if ln is not None else None
     row = next((i for i in add_t.input if i in inits), None) if add_t is not None and add_t.op_type == "Add" else None
     inner = prod.get(next((i for i in add_t.input if i != row), "")) if row else None
     parts = list(inner.input) if inner is not None and inner.op_type == "Add" else []
-    word = next((prod[i] for i in parts if i in prod and prod[i].op_type == "Gather"
-                 and prod[i].input[1] not in inits), None)
-    pos = next((prod[i] for i in parts if i in prod and prod[i].op_type == "Gather" and prod[i].input[1] in inits), None)
+    graph_inputs = {i.name for i in g.input}
+    gathers = [prod[i] for i in parts if i in prod and prod[i].op_type == "Gather" and prod[i].input[0] in inits]
+    word = next((n for n in gathers if n.input[1] in graph_inputs), None)
+    # the position rows: constant ids (a fixed length) or a Range over the sequence length (a dynamic axis)
+    pos = next((n for n in gathers if n is not word), None)
     folded = next((i for i in parts if i in inits and value(i).ndim == 2), None)  # the exporter gathered it: (T, H)
     if word is not None and (pos is not None or folded) and value(row).ndim == 1:
         table = pos.input[0] if pos is not None else folded

@@ -65,6 +65,21 @@ def batch_parity(run, check_inputs: list[list[np.ndarray]], singles: list[list[n
     return {"n": len(check_inputs), "batch": batch, "agree": same / max(1, len(check_inputs)), "max_abs_diff": diff}
 
 
+def trim_parity(run, check_inputs: list[list[np.ndarray]]) -> dict:
+    """A dynamic sequence axis: each check input cut to its own length (the runtime's `cut`) against the full length. Per-piece
+    outputs are compared on the positions both have; the share answered the same and the largest difference."""
+    from edgekit.runtime.backends import cut
+
+    same, diff = 0, 0.0
+    for x in check_inputs:
+        short = cut(x)
+        full, got = run(*x), run(*short)
+        full = [f[:, : g.shape[1]] if f.ndim == 3 else f for f, g in zip(full, got)]  # (B, T, S) logits
+        ok, d = same_answer(full, got, short[1].astype(bool))
+        same, diff = same + ok, max(diff, d)
+    return {"n": len(check_inputs), "agree": same / max(1, len(check_inputs)), "max_abs_diff": diff}
+
+
 def merge(per_length: dict[int, dict]) -> dict:
     """One parity figure from `compare` results of several fixed lengths (buckets), kept under "buckets"."""
     parts = list(per_length.values())

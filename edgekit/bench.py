@@ -99,12 +99,14 @@ def decoding_latency(package: str, runtime: str, texts: list[str], threads: int 
     pkg = Package.load(package)
     p = Predictor.open(pkg, runtime, threads=threads)
     preds = {"decoding": p}
-    if raw_path:  # exported with the same buckets
-        preds["raw"] = Predictor(open_backend(runtime, raw_path, threads, pkg.buckets(runtime)), p.tokenizer,
+    # exported with the same buckets, or the same dynamic sequence axis, which the runtime cuts inputs to
+    same = {"dynamic_seq": True} if runtime == "onnx" and pkg.manifest.get("seq_axis") == "dynamic" else {}
+    if raw_path:
+        preds["raw"] = Predictor(open_backend(runtime, raw_path, threads, pkg.buckets(runtime), **same), p.tokenizer,
                                  p.labels, p.max_len, decoding=False)
     if unfused_path:
-        preds["unfused"] = Predictor(open_backend(runtime, unfused_path, threads, pkg.buckets(runtime)), p.tokenizer,
-                                     p.labels, p.max_len, decoding=True, batched=p.batched)
+        preds["unfused"] = Predictor(open_backend(runtime, unfused_path, threads, pkg.buckets(runtime), **same),
+                                     p.tokenizer, p.labels, p.max_len, decoding=True, batched=p.batched)
     # Ten rounds (a few seconds): single runs of three rounds moved by several points with the machine's state.
     return dict(zip(preds, alternating_latency(list(preds.values()), texts, rounds=10)))
 

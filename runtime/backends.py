@@ -122,12 +122,14 @@ def _first_line(e: Exception) -> str:
 
 class OnnxBackend:
     """An `.onnx` model run by ONNX Runtime. providers: short names tried in order (edgekit.runtime.providers;
-    default CPU); `provider` is the one that runs. On CUDA the inputs and outputs go through IO binding."""
+    default CPU); `provider` is the one that runs. On CUDA the inputs and outputs go through IO binding.
+    dynamic_seq: the graph's sequence axis is dynamic (the manifest's `seq_axis`): each call's input_ids and
+    attention_mask are cut to its longest utterance, so a short batch does not pay for the package's max_len."""
 
     name = "onnx"
 
     def __init__(self, path: str | Path, threads: int = 1, providers: list[str] | None = None,
-                 serve: dict | None = None, max_len: int = 64, n_intents: int = 2):
+                 serve: dict | None = None, max_len: int = 64, n_intents: int = 2, dynamic_seq: bool = False):
         import onnxruntime as ort
 
         from edgekit.runtime.providers import check_ran, choose
@@ -136,7 +138,8 @@ class OnnxBackend:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
-        chosen = choose(providers or ["cpu"], serve, max_len, n_intents)
+        chosen = choose(providers or ["cpu"], serve, max_len, n_intents, dynamic_seq)
+        self.dynamic_seq = dynamic_seq
         try:
             self.session = ort.InferenceSession(str(path), so, providers=[p for p, _ in chosen],
                                                 provider_options=[o for _, o in chosen])
@@ -152,6 +155,8 @@ class OnnxBackend:
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Inputs in the graph's order (see the manifest's `inputs`)."""
+        if self.dynamic_seq:
+            inputs = cut(inputs)
         if self.binding is None:
             return self.session.run(None, dict(zip(self.input_names, inputs)))
         b = self.binding
@@ -163,6 +168,13 @@ class OnnxBackend:
             b.bind_output(name, "cpu")
         self.session.run_with_iobinding(b)
         return b.copy_outputs_to_cpu()
+
+
+def cut(inputs) -> list[np.ndarray]:
+    """A dynamic sequence axis: input_ids and attention_mask ((B, T), first and second) cut to the batch's longest
+    utterance, at least 3 positions ([CLS], a piece, [SEP]); the word positions keep the package's length."""
+    n = max(3, int(inputs[1].sum(-1).max()))
+    return inputs if n == inputs[0].shape[1] else [inputs[0][:, :n], inputs[1][:, :n], *inputs[2:]]
 
 
 def fit(inputs, length: int) -> list[np.ndarray]:

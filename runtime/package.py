@@ -93,6 +93,8 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
         ("inputs", [i["shape"][-1] for i in m["inputs"]][:4] == [T, T, T - 2, n_int],
          f"shapes must end in {T}, {T}, {T - 2} and {n_int} (max_len, max_len - 2, label_sets.intents)"),
         ("inputs", len({i["shape"][0] == "batch" for i in m["inputs"]}) == 1, "'batch' on some inputs only"),
+        ("seq_axis", m.get("seq_axis") != "dynamic" or m["inputs"][0]["shape"][0] == "batch",
+         "dynamic needs a batched graph ('batch' inputs)"),
         ("outputs", len(m["outputs"]) == (3 if m["label_sets"]["slot_tags"] else 2), "tags exactly when slot_tags > 0"),
     ]
     for field, ok, why in facts:

@@ -18,7 +18,7 @@ _WARNED: set[tuple] = set()
 
 
 def provider_options(name: str, serve: dict | None = None, max_len: int = 64, n_intents: int = 2,
-                     cache_dir: Path | None = None) -> dict:
+                     cache_dir: Path | None = None, dynamic_seq: bool = False) -> dict:
     """Options for one provider. serve: the manifest's `serve` table (num_gpus, gpu_memory_gb, max_batch)."""
     serve = serve or {}
     gb = (serve.get("num_gpus") or 1.0) * serve.get("gpu_memory_gb", 24.0)  # a replica's share of the card
@@ -27,19 +27,22 @@ def provider_options(name: str, serve: dict | None = None, max_len: int = 64, n_
                 "cudnn_conv_algo_search": "HEURISTIC"}
     if name == "tensorrt":
         b, t = serve.get("max_batch", 32), max_len
-        # one optimization profile over the batch axis of every input; the sequence length is the package's
-        dims = {"input_ids": f"x{t}", "attention_mask": f"x{t}", "word_pos": f"x{t - 2}",
-                "intent_mask": f"x{n_intents}", "reject": ""}
-        shapes = lambda n: ",".join(f"{k}:{n}{d}" for k, d in dims.items())  # noqa: E731
+        # one optimization profile over the batch axis of every input, and over the sequence axis of input_ids and
+        # attention_mask when it is dynamic (3 to max_len pieces); the word positions keep the package's length
+        seq = {"min": 3, "opt": max(3, t // 2), "max": t} if dynamic_seq else {"min": t, "opt": t, "max": t}
+        dims = lambda k: {"input_ids": f"x{seq[k]}", "attention_mask": f"x{seq[k]}", "word_pos": f"x{t - 2}",  # noqa: E731
+                          "intent_mask": f"x{n_intents}", "reject": ""}
+        shapes = lambda n, k: ",".join(f"{name}:{n}{d}" for name, d in dims(k).items())  # noqa: E731
         return {"trt_fp16_enable": True, "trt_max_workspace_size": int(min(gb, 4.0) * (1 << 30)),
                 "trt_engine_cache_enable": True,
                 "trt_engine_cache_path": str(cache_dir or Path.home() / ".cache" / "edgekit" / "trt"),
-                "trt_profile_min_shapes": shapes(1), "trt_profile_opt_shapes": shapes(max(1, b // 2)),
-                "trt_profile_max_shapes": shapes(b)}
+                "trt_profile_min_shapes": shapes(1, "min"), "trt_profile_opt_shapes": shapes(max(1, b // 2), "opt"),
+                "trt_profile_max_shapes": shapes(b, "max")}
     return {}
 
 
-def choose(names: list[str], serve: dict | None = None, max_len: int = 64, n_intents: int = 2) -> list[tuple[str, dict]]:
+def choose(names: list[str], serve: dict | None = None, max_len: int = 64, n_intents: int = 2,
+           dynamic_seq: bool = False) -> list[tuple[str, dict]]:
     """(ORT provider, options) for the listed names this onnxruntime has, in order, CPU always last. Warns once
     when a listed GPU provider is missing."""
     import onnxruntime as ort
@@ -47,7 +50,8 @@ def choose(names: list[str], serve: dict | None = None, max_len: int = 64, n_int
     have = set(ort.get_available_providers())
     if have & {PROVIDERS["cuda"], PROVIDERS["tensorrt"]} and hasattr(ort, "preload_dlls"):
         ort.preload_dlls()  # CUDA and cuDNN from their pip wheels when the system has none
-    chosen = [(PROVIDERS[n], provider_options(n, serve, max_len, n_intents)) for n in names if PROVIDERS[n] in have]
+    chosen = [(PROVIDERS[n], provider_options(n, serve, max_len, n_intents, dynamic_seq=dynamic_seq))
+              for n in names if PROVIDERS[n] in have]
     missing = [n for n in names if PROVIDERS[n] not in have]
     key = tuple(missing)
     if missing and missing != ["cpu"] and key not in _WARNED:

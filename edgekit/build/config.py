@@ -165,7 +165,7 @@ STAGE_SETTINGS = {
                              "prune_samples", "max_retries"), "distill": "*", "budget": "*"},
     # ONNX Runtime quantizes its own export, in the export stage: the settings only it reads are not in this key
     "quantize": {"quantize": tuple(f.name for f in dataclasses.fields(QuantizeConfig) if f.name not in ONNX_ONLY)},
-    "export": {"decoding": "*", "quantize": "*", "server": ("batch",)},
+    "export": {"decoding": "*", "quantize": "*", "server": ("batch", "seq")},
     "fuse": {"server": "*"},
     "package": {"package": ("bench_utterances",), "serve": "*", "cascade": ("timeout_s",)},
 }

@@ -42,10 +42,13 @@ def test_server_graph_is_batched_and_fully_fused(server_cpu):
     export = next(p for p in rep["passes"] if p["name"] == "export")["extra"]["onnx"]["extra"]
     assert export["batch"] and export["batch_parity"]["agree"] == 1.0  # FP32: batched answers are exactly the same
     assert fuse["extra"]["onnx"]["batch_parity"]["agree"] == 1.0
+    # a dynamic sequence axis: each check input cut to its own length answers as at the full length
+    assert export["dynamic_seq"] and export["trim_parity"]["agree"] == 1.0 and export["trim_parity"]["n"] > 10
 
     man = json.loads((server_cpu / "manifest.json").read_text())
     assert man["inputs"][0]["shape"][0] == "batch" and man["inputs"][3]["shape"][0] == "batch"
     assert man["serve"]["max_batch"] == 32 and man["serve"]["providers"] == ["cpu"]
+    assert man["seq_axis"] == "dynamic"
     assert rep["package"]["provider"] == "CPUExecutionProvider"
     batches = rep["latency"]["onnx"]["batches"]
     assert batches["provider"] == "CPUExecutionProvider" and all(batches[b]["per_second"] > 0 for b in ("1", "8"))
@@ -57,6 +60,27 @@ def test_dynamic_int8_quantizes_the_fused_attention(tmp_path, tiny_bert, server_
                       settings=SETTINGS, sets=['server.int8="dynamic"']))
     int8 = fuse_record(out)[1]["extra"]["onnx"]["int8"]
     assert int8["mode"] == "dynamic" and int8["quantized_ops"].get("QAttention") == 2
+
+def test_a_dynamic_sequence_axis_runs_each_batch_at_its_longest_utterance(server_cpu):
+    import onnxruntime as ort
+
+    pkg = Package.load(server_cpu)
+    pred = Predictor.open(pkg, "onnx")
+    shapes = []
+    real_run = ort.InferenceSession.run
+    pred.backend.session.run = lambda out, feed: shapes.append(feed["input_ids"].shape) or real_run(
+        pred.backend.session, out, feed)
+    texts = ["set an alarm", "play the song bohemian rhapsody by queen on spotify please"]
+    lengths = [pred.tokenizer.length(t) for t in texts]
+    alone = [pred.predict(t) for t in texts]
+    both = pred.predict_batch(texts)
+    assert shapes == [(1, lengths[0]), (1, lengths[1]), (2, max(lengths))] and max(lengths) < pkg.max_len
+    assert alone == both
+    # the graph still takes inputs padded to max_len (a client that ignores seq_axis)
+    full = pred.inputs(pred.encode(texts[0]))
+    assert real_run(pred.backend.session, None, dict(zip(pred.backend.input_names, full)))[0][0] == \
+        pred.backend.run(*full)[0][0]
+
 
 def test_batched_answers_equal_one_by_one_with_per_utterance_options(server_cpu):
     pred = Predictor.open(Package.load(server_cpu), "onnx")

@@ -148,7 +148,8 @@ def onnx_config(ctx: Context):
     """Phones: batch 1. Server graphs: a dynamic batch axis."""
     from edgekit.converters.export_onnx import OnnxExportConfig
 
-    return OnnxExportConfig(ctx.max_len, batch=ctx.settings.server.batch)
+    return OnnxExportConfig(ctx.max_len, batch=ctx.settings.server.batch,
+                            dynamic_seq=ctx.settings.server.seq == "dynamic")
 
 
 @stage("export")

@@ -60,6 +60,7 @@ def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
         "primary_runtime": ctx.target.primary_runtime,
         # How `edgekit serve` runs it (providers in order, batching, replicas): the profile's [serve] table.
         **({"serve": dataclasses.asdict(ctx.settings.serve)} if ctx.settings.server.batch else {}),
+        **({"seq_axis": "dynamic"} if ctx.settings.server.seq == "dynamic" else {}),
         # Device packages: when to ask a server (runtime/cascade.py); `edgekit compare` calibrates the threshold.
         **({} if ctx.settings.server.batch else {"cascade": {"threshold": None,
                                                              "timeout_s": ctx.settings.cascade.timeout_s}}),
