@@ -1,4 +1,5 @@
-"""Export a joint model to an ONNX graph of fixed sequence length, then check it in ONNX Runtime against eager.
+"""Export a joint model to an ONNX graph (fixed sequence length unless `dynamic_seq`), then check it in ONNX
+Runtime against eager.
 
 Phones get batch 1. Server profiles (`batch=True`) get a dynamic batch axis on every input and output, and with
 `dynamic_seq` a dynamic sequence axis on input_ids and attention_mask: a batch is cut to its longest utterance.

@@ -2,8 +2,9 @@
 
 - ONNX: ONNX Runtime's graph optimizations run offline (`ORT_ENABLE_EXTENDED`: constant folding, QDQ pairs
   folded into QLinear/integer kernels, GELU/LayerNorm/attention-style fusions where the pattern matches) and
-  the optimized graph is saved, so the phone does not redo them at every session start. The input graph has
-  static shapes (the package's fixed length), which is what lets the shape-dependent fusions fire.
+  the optimized graph is saved, so the phone does not redo them at every session start. The phone graph has
+  static shapes (the package's fixed length), which is what lets the shape-dependent fusions fire. (Server
+  graphs, with dynamic axes, take ONNX Runtime's transformer optimizer instead: converters/optimize_onnx.py.)
 - ExecuTorch: fusion happens inside XNNPACK when the program is lowered; what is recorded is the share of
   compute ops that run in the delegate (export_executorch.delegated_share).
 

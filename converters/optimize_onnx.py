@@ -185,11 +185,18 @@ def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inp
                  ops_after=dict(Counter(n.op_type for n in out.graph.node).most_common()),
                  cpu_casts_inserted=_inserted_casts(dst) if cfg.precision == "fp16" else 0)
     extra.update(_agreement(src, dst, check_inputs, cfg.batch))
+    if cfg.seq == "dynamic":  # the shipped graph, with its inputs cut as the runtime cuts them
+        from edgekit.converters.parity import trim_parity
+        from edgekit.runtime.backends import OnnxBackend
+
+        extra["trim_parity"] = trim_parity(OnnxBackend(dst).run, check_inputs[:200])
     rec = PassRecord("optimize_onnx", bytes_before=Path(src).stat().st_size, bytes_after=Path(dst).stat().st_size,
                      seconds=time.perf_counter() - t0, extra=extra)
     if extra.get("batch_parity", {}).get("agree", 1.0) < 1.0:
         rec.warnings.append(f"answered in batches of 32, {100 * extra['batch_parity']['agree']:.2f}% of test answers "
                             "equal the one-by-one ones (dynamic INT8 quantizes a batch with one scale)")
+    if extra.get("trim_parity", {}).get("agree", 1.0) < 1.0:
+        rec.warnings.append(f"inputs cut to their own length answer differently: {extra['trim_parity']}")
     missing = [k for k in FUSED if not fused.get(k)]
     if missing:
         rec.warnings.append(f"the transformer optimizer fused no {', '.join(missing)}")

@@ -45,14 +45,17 @@ def export_teacher(package: Path, runtime: str, dest: Path) -> Path:
     decoded, _ = with_decoding(teacher, config_from_record(pkg.labels, export["extra"]["decoding"]))
     tok = SentencePieceTokenizer.from_file(entry / "tokenizer.model")
     texts = ["play the latest song by queen", "what is the weather tomorrow", "book a table for two"]
-    checks = [model_inputs(tok.encode(t, pkg.max_len), len(pkg.labels["intents"]), True) for t in texts]
+    checks = [model_inputs(tok.encode(t, pkg.max_len), len(pkg.labels["intents"]), True, batched=pkg.batched)
+              for t in texts]
     if runtime == "executorch":
         path = dest / "teacher.pte"
         buckets = [b["max_len"] for b in pkg.buckets(runtime) or []][:-1]  # the package's lengths, full one last
         export_executorch(decoded, ExecuTorchExportConfig(pkg.max_len, buckets), path, checks)
     else:
         path = dest / "teacher.onnx"
-        export_onnx(decoded, OnnxExportConfig(pkg.max_len), path, checks)
+        # the package's shapes: a server package's batch axis and, when it has one, its dynamic sequence axis
+        export_onnx(decoded, OnnxExportConfig(pkg.max_len, batch=pkg.batched,
+                                              dynamic_seq=pkg.manifest.get("seq_axis") == "dynamic"), path, checks)
     return path, tok
 
 
@@ -79,8 +82,9 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
         return out
     with tempfile.TemporaryDirectory() as tmp:
         path, tok = export_teacher(package, runtime, Path(tmp))
-        backend = open_backend(runtime, path, threads, pkg.buckets(runtime))
-        teacher = Predictor(backend, tok, pkg.labels, pkg.max_len, decoding=True)
+        same = {"dynamic_seq": True} if runtime == "onnx" and pkg.manifest.get("seq_axis") == "dynamic" else {}
+        backend = open_backend(runtime, path, threads, pkg.buckets(runtime), **same)
+        teacher = Predictor(backend, tok, pkg.labels, pkg.max_len, decoding=True, batched=pkg.batched)
         lat, lat_t = paired_latency(pred, teacher, texts, block=50)
         out.update(package_latency=lat, teacher_latency=lat_t, teacher_bytes=path.stat().st_size,
                    speedup_p50=lat_t["p50_ms"] / lat["p50_ms"])

@@ -1,5 +1,6 @@
-"""Server graph shapes: one fixed sequence length (what `server-cpu` ships) against a dynamic sequence axis (each
-batch padded to its own longest utterance), and what batching itself buys ONNX Runtime on this CPU.
+"""Server graph shapes: one fixed sequence length (`server.seq = "fixed"`) against a dynamic sequence axis (each
+batch cut to its own longest utterance, what `server-cpu` ships), and what batching itself buys ONNX Runtime on
+this CPU.
 
 Timing does not depend on trained weights, so this uses the pretrained MiniLM with untrained heads of the data's
 label counts (no teacher to train): the encoder and heads exported with torch.export, ONNX Runtime's transformer

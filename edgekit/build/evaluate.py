@@ -88,7 +88,8 @@ def runtime_answers(ctx: Context, runtime: str, path: Path, decoding: bool, reje
     from edgekit.runtime.backends import BACKENDS
     from edgekit.runtime.predictor import Predictor
 
-    p = Predictor(BACKENDS[runtime](path), ctx.tokenizer, ctx.labels, ctx.max_len, decoding,
+    dynamic = runtime == "onnx" and ctx.settings.server.seq == "dynamic"  # inputs cut as the runtime cuts them
+    p = Predictor(BACKENDS[runtime](path, **({"dynamic_seq": True} if dynamic else {})), ctx.tokenizer, ctx.labels, ctx.max_len, decoding,
                   runtime == "onnx" and ctx.settings.server.batch)
     return [p.predict(ex.text, warn=False, reject=reject) for ex in ctx.data.splits["test"]]
 

@@ -44,6 +44,7 @@ def test_server_graph_is_batched_and_fully_fused(server_cpu):
     assert fuse["extra"]["onnx"]["batch_parity"]["agree"] == 1.0
     # a dynamic sequence axis: each check input cut to its own length answers as at the full length
     assert export["dynamic_seq"] and export["trim_parity"]["agree"] == 1.0 and export["trim_parity"]["n"] > 10
+    assert fuse["extra"]["onnx"]["trim_parity"]["agree"] == 1.0  # the shipped INT8 graph too
 
     man = json.loads((server_cpu / "manifest.json").read_text())
     assert man["inputs"][0]["shape"][0] == "batch" and man["inputs"][3]["shape"][0] == "batch"
@@ -60,6 +61,7 @@ def test_dynamic_int8_quantizes_the_fused_attention(tmp_path, tiny_bert, server_
                       settings=SETTINGS, sets=['server.int8="dynamic"']))
     int8 = fuse_record(out)[1]["extra"]["onnx"]["int8"]
     assert int8["mode"] == "dynamic" and int8["quantized_ops"].get("QAttention") == 2
+
 
 def test_a_dynamic_sequence_axis_runs_each_batch_at_its_longest_utterance(server_cpu):
     import onnxruntime as ort
