@@ -184,12 +184,7 @@ def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inp
     extra.update(nodes_before=nodes_before, nodes_after=len(out.graph.node),
                  ops_after=dict(Counter(n.op_type for n in out.graph.node).most_common()),
                  cpu_casts_inserted=_inserted_casts(dst) if cfg.precision == "fp16" else 0)
-    extra.update(_agreement(src, dst, check_inputs, cfg.batch))
-    if cfg.seq == "dynamic":  # the shipped graph, with its inputs cut as the runtime cuts them
-        from edgekit.converters.parity import trim_parity
-        from edgekit.runtime.backends import OnnxBackend
-
-        extra["trim_parity"] = trim_parity(OnnxBackend(dst).run, check_inputs[:200])
+    extra.update(_agreement(src, dst, check_inputs, cfg.batch, cfg.seq == "dynamic"))
     rec = PassRecord("optimize_onnx", bytes_before=Path(src).stat().st_size, bytes_after=Path(dst).stat().st_size,
                      seconds=time.perf_counter() - t0, extra=extra)
     if extra.get("batch_parity", {}).get("agree", 1.0) < 1.0:
@@ -265,11 +260,13 @@ def _inserted_casts(path: Path) -> int:
     return after - sum(n.op_type == "Cast" for n in onnx.load(str(path)).graph.node)
 
 
-def _agreement(src: Path, dst: Path, check_inputs: list[list[np.ndarray]], batch: bool) -> dict:
+def _agreement(src: Path, dst: Path, check_inputs: list[list[np.ndarray]], batch: bool,
+               dynamic_seq: bool = False) -> dict:
     """Share of `check_inputs` on which `dst` answers as `src` (`same_answer`, per-piece outputs on the real
     pieces); with `batch`, also `dst` in batches of 32 against itself one by one (dynamic INT8 quantizes a batch's
-    activations with one scale, so an answer may depend on its batch)."""
-    from edgekit.converters.parity import batch_parity, same_answer
+    activations with one scale, so an answer may depend on its batch); with `dynamic_seq`, also `dst` on inputs
+    cut as the runtime cuts them (`trim_parity`)."""
+    from edgekit.converters.parity import batch_parity, same_answer, trim_parity
     from edgekit.runtime.backends import OnnxBackend
 
     a, b = OnnxBackend(src), OnnxBackend(dst)
@@ -281,4 +278,6 @@ def _agreement(src: Path, dst: Path, check_inputs: list[list[np.ndarray]], batch
     out = {"agreement": same / max(1, len(check_inputs)), "checked": len(check_inputs), "max_abs_diff": diff}
     if batch:
         out["batch_parity"] = batch_parity(b.run, check_inputs, singles)
+    if dynamic_seq:
+        out["trim_parity"] = trim_parity(b.run, check_inputs[:200])
     return out

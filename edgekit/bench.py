@@ -55,7 +55,7 @@ def export_teacher(package: Path, runtime: str, dest: Path) -> Path:
         path = dest / "teacher.onnx"
         # the package's shapes: a server package's batch axis and, when it has one, its dynamic sequence axis
         export_onnx(decoded, OnnxExportConfig(pkg.max_len, batch=pkg.batched,
-                                              dynamic_seq=pkg.manifest.get("seq_axis") == "dynamic"), path, checks)
+                                              dynamic_seq=pkg.dynamic_seq), path, checks)
     return path, tok
 
 
@@ -82,7 +82,7 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
         return out
     with tempfile.TemporaryDirectory() as tmp:
         path, tok = export_teacher(package, runtime, Path(tmp))
-        same = {"dynamic_seq": True} if runtime == "onnx" and pkg.manifest.get("seq_axis") == "dynamic" else {}
+        same = {"dynamic_seq": pkg.dynamic_seq} if runtime == "onnx" else {}
         backend = open_backend(runtime, path, threads, pkg.buckets(runtime), **same)
         teacher = Predictor(backend, tok, pkg.labels, pkg.max_len, decoding=True, batched=pkg.batched)
         lat, lat_t = paired_latency(pred, teacher, texts, block=50)
@@ -104,7 +104,7 @@ def decoding_latency(package: str, runtime: str, texts: list[str], threads: int 
     p = Predictor.open(pkg, runtime, threads=threads)
     preds = {"decoding": p}
     # exported with the same buckets, or the same dynamic sequence axis, which the runtime cuts inputs to
-    same = {"dynamic_seq": True} if runtime == "onnx" and pkg.manifest.get("seq_axis") == "dynamic" else {}
+    same = {"dynamic_seq": pkg.dynamic_seq} if runtime == "onnx" else {}
     if raw_path:
         preds["raw"] = Predictor(open_backend(runtime, raw_path, threads, pkg.buckets(runtime), **same), p.tokenizer,
                                  p.labels, p.max_len, decoding=False)

@@ -93,7 +93,7 @@ def profile(package: Path, texts: list[str], runtime: str | None = None, threads
         runtime = "onnx"
     pred = Predictor.open(pkg, runtime)
     inputs = [pred.inputs(pred.tokenizer.encode(t, pkg.max_len)) for t in texts]
-    if runtime == "onnx" and pkg.manifest.get("seq_axis") == "dynamic":  # as the runtime sends them
+    if runtime == "onnx" and pkg.dynamic_seq:  # as the runtime sends them
         from edgekit.runtime.backends import cut
 
         inputs = [cut(x) for x in inputs]

@@ -24,6 +24,7 @@ from edgekit.build.runner import choose_max_len
 from edgekit.converters.optimize_onnx import ServerConfig, optimize_onnx
 from edgekit.data import load_dataset
 from edgekit.model import default_base_model, load_pretrained
+from edgekit.runtime.backends import cut
 from edgekit.wordpiece import WordPieceTokenizer
 
 
@@ -41,10 +42,7 @@ def export(model, path: Path, max_len: int, dynamic_seq: bool) -> None:
 def batch_inputs(encs, trim: bool) -> list[np.ndarray]:
     ids = np.asarray([e.input_ids for e in encs], dtype=np.int64)  # (B, max_len)
     mask = np.asarray([e.attention_mask for e in encs], dtype=np.int64)
-    if trim:  # the dynamic axis: pad only to this batch's longest utterance
-        n = int(mask.sum(1).max())
-        ids, mask = ids[:, :n], mask[:, :n]
-    return [ids, mask]
+    return cut([ids, mask]) if trim else [ids, mask]  # the dynamic axis: the batch's longest utterance
 
 
 def main() -> None:

@@ -179,6 +179,11 @@ class Package:
         """The graph has a dynamic batch axis (server profiles): its inputs' first dimension is "batch"."""
         return self.manifest["inputs"][0]["shape"][0] == "batch"
 
+    @property
+    def dynamic_seq(self) -> bool:
+        """input_ids and attention_mask may be cut to a batch's longest utterance (the manifest's `seq_axis`)."""
+        return self.manifest.get("seq_axis") == "dynamic"
+
     def model_path(self, runtime: str) -> Path:
         models = self.manifest["models"]
         if runtime not in models:

@@ -100,7 +100,7 @@ class Predictor:
             serve = pkg.manifest.get("serve") or {}
             names = providers or serve.get("providers") or ["cpu"]
             onnx = {"providers": names, "serve": serve, "max_len": pkg.max_len,
-                    "n_intents": len(pkg.labels["intents"]), "dynamic_seq": pkg.manifest.get("seq_axis") == "dynamic"}
+                    "n_intents": len(pkg.labels["intents"]), "dynamic_seq": pkg.dynamic_seq}
             if names[0] == "tensorrt" and pkg.manifest.get("tensorrt_model") and _has("TensorrtExecutionProvider"):
                 path = pkg.root / pkg.manifest["tensorrt_model"]  # TensorRT parses the unfused FP32 graph
         fallback = None
