@@ -14,6 +14,9 @@ def _size(n) -> str:
 
 
 RUNTIME_NAMES = {"executorch": "ExecuTorch", "onnx": "ONNX Runtime"}
+# What an exported artifact is checked against: the quantize stage's model (ExecuTorch lowers that quantization),
+# or the FP32 model (unquantized graphs, and ONNX Runtime's own quantization of its export).
+AGAINST = {"int8": "INT8 (quantize stage)", "fp32": "FP32"}
 
 
 def render_markdown(rep: dict) -> str:
@@ -68,12 +71,13 @@ def render_markdown(rep: dict) -> str:
     export = next((p for p in rep.get("passes", []) if p["name"] == "export"), None)
     if export:
         lines += ["", "## Exported artifacts against eager (test split)", "",
-                  "| runtime | agreement (intent + all slot tags) | max abs diff (logits) | intent acc | slot F1 |",
-                  "|---|---:|---:|---:|---:|"]
+                  "| runtime | against eager | agreement (intent + all slot tags) | max abs diff (logits) | "
+                  "intent acc | slot F1 |", "|---|---|---:|---:|---:|---:|"]
         for rt in ("executorch", "onnx"):
             if rt in export["extra"]:
                 e = export["extra"][rt]
-                lines.append(f"| {rt} | {_pct(e['extra']['agreement_with_eager'])} | "
+                against = AGAINST.get(e["extra"].get("against"), "—")  # older records do not say
+                lines.append(f"| {rt} | {against} | {_pct(e['extra']['agreement_with_eager'])} | "
                              f"{e['extra']['parity']['max_abs_diff']:.2e} | {_pct(e['metrics']['intent_acc'])} | "
                              f"{_pct(e['metrics'].get('slot_f1'))} |")
     lines += _fusion(next((p for p in rep.get("passes", []) if p["name"] == "fuse"), None))

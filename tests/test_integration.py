@@ -52,3 +52,8 @@ def test_minilm_on_snips_slice(tmp_path):
             assert teacher["intent_acc"] - e["metrics"]["intent_acc"] <= 0.15, (rt, e["metrics"], teacher)
             assert teacher["slot_f1"] - e["metrics"]["slot_f1"] <= 0.3, (rt, e["metrics"], teacher)
         assert export["extra"][rt]["extra"]["decoding"]["constrained"]["invalid_bio"] == 0
+    # what each graph is held against: ExecuTorch lowers the INT8 model; ONNX Runtime quantizes the FP32 one itself,
+    # and its record keeps the FP32 export's own check beside the shipped INT8 graph's
+    et, ox = export["extra"]["executorch"]["extra"], export["extra"]["onnx"]["extra"]
+    assert et["against"] == "int8" and ox["against"] == "fp32" and "fp32_parity" not in et
+    assert ox["fp32_parity"]["max_abs_diff"] < 1e-3 < ox["parity"]["max_abs_diff"], ox  # FP32 exact, INT8 not

@@ -57,10 +57,13 @@ def test_max_len_is_p99_rounded_to_8_and_buckets_below_it_reach_the_manifest(bui
 
 
 def test_exported_artifacts_agree_with_eager(built):
-    _, rep = built
+    out, rep = built
     export = next(p for p in rep["passes"] if p["name"] == "export")
     for rt in ("executorch", "onnx"):
         assert export["extra"][rt]["extra"]["agreement_with_eager"] >= 0.995
+    # no quantize stage: both graphs are held against the FP32 model (tests/test_integration.py: with one)
+    assert {export["extra"][rt]["extra"]["against"] for rt in ("executorch", "onnx")} == {"fp32"}
+    assert "| onnx | FP32 |" in (out / "report.md").read_text()
 
 
 def test_manifest_and_both_runtimes_answer_the_same(built):

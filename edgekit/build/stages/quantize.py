@@ -18,19 +18,20 @@ from edgekit.model import count_params
 log = logging.getLogger("edgekit")
 
 
-def quantized(ctx: Context, cfg, evaluate_fn=None):
+def quantized(ctx: Context, cfg, evaluate_fn=None, say=log.info):
     """(INT8 model, PassRecord) of the FP32 model before this stage, calibrated on train utterances."""
     from edgekit.converters.quantize_executorch import calibration_batches, quantize_executorch
 
     calib = calibration_batches(calibration(ctx, cfg.calib_samples, False))
-    return quantize_executorch(ctx.fp32().model, cfg, calib, evaluate_fn, log=log.info)
+    return quantize_executorch(ctx.fp32().model, cfg, calib, evaluate_fn, log=say)
 
 
 def rebuild(ctx: Context, res: QuantizeResult):
     """The same INT8 model again, from the recorded layer choices (the cache keeps no quantized module)."""
     cfg = dataclasses.replace(ctx.settings.quantize, keep_fp32=res.fp32_layers, weight4=res.weight4_layers,
                               max_fallback=0)
-    return quantized(ctx, cfg)[0]
+    log.info("quantize: the INT8 model rebuilt from the cache entry's layer choices (%d FP32)", len(res.fp32_layers))
+    return quantized(ctx, cfg, say=lambda s: None)[0]
 
 
 @stage("quantize")
