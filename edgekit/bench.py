@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from edgekit.build.cache import built_entry
-from edgekit.data import load_dataset
+from edgekit.data import build_seed, load_dataset
 from edgekit.errors import EdgekitError
 from edgekit.runtime.package import Package, PackageError
 from edgekit.runtime.predictor import Predictor, paired_latency
@@ -71,7 +71,7 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
         pkg = Package.load(package)
     except PackageError as e:
         raise EdgekitError(str(e)) from None
-    texts = [ex.text for ex in load_dataset(data, fmt).splits[split][:n]]
+    texts = [ex.text for ex in load_dataset(data, fmt, build_seed(package)).splits[split][:n]]
     pred = Predictor.open(pkg, runtime, threads=threads)
     out = {"package": str(package), "runtime": runtime, "threads": threads, "n": len(texts), "split": split,
            "max_len": pkg.max_len, "package_bytes": sum(f["bytes"] for name, f in pkg.manifest["files"].items()

@@ -175,7 +175,7 @@ def bench_(
     """Single-utterance latency (p50/p99, after warm-up) of a package's model call on real utterances; with
     --batch, a server package's throughput by batch size."""
     from edgekit.bench import batch_throughput, bench
-    from edgekit.data import load_dataset
+    from edgekit.data import build_seed, load_dataset
 
     if n < 1 or threads < 1:
         raise EdgekitError("--n and --threads must be >= 1")
@@ -190,7 +190,7 @@ def bench_(
     if not sizes or min(sizes) < 1:
         raise EdgekitError("--batch sizes must be >= 1")
     _providers(provider)
-    texts = [ex.text for ex in load_dataset(data).splits[split][:n]]
+    texts = [ex.text for ex in load_dataset(data, seed=build_seed(package)).splits[split][:n]]
     typer.echo(json.dumps(batch_throughput(str(package), texts, sizes, threads, provider), indent=2))
 
 
@@ -378,12 +378,12 @@ def profile_(
     from rich.console import Console
 
     from edgekit import profile as pf
-    from edgekit.data import load_dataset
+    from edgekit.data import build_seed, load_dataset
     from edgekit.io import write_json
 
     if n < 1 or threads < 1:
         raise EdgekitError("--n and --threads must be >= 1")
-    texts = [ex.text for ex in load_dataset(data).splits["test"]][:n]
+    texts = [ex.text for ex in load_dataset(data, seed=build_seed(package)).splits["test"]][:n]
     res = pf.profile(package, texts, _runtime(runtime, package) if runtime else None, threads)
     Console().print(pf.table(res, package))
     if res["note"]:

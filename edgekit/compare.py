@@ -232,10 +232,10 @@ def server_side(target: str, data, cfg: CompareConfig, log=print) -> dict:
 
 def compare(device: Path, server: str, data_path: str, cfg: CompareConfig, log=print) -> dict:
     """The whole comparison as compare.json's content (see docs/compare.md)."""
-    from edgekit.data import load_dataset
+    from edgekit.data import build_seed, load_dataset
     from edgekit.training import labels_of, score
 
-    data = load_dataset(data_path)
+    data = load_dataset(data_path, seed=build_seed(device))  # splits the data lacks: as the device's build made them
     labels = labels_of(data)
     dev = device_side(device, data, cfg, log)
     srv = server_side(server, data, cfg, log)

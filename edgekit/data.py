@@ -7,6 +7,7 @@ and an intent. The readers are in edgekit.formats; errors name the file and the 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from edgekit.errors import DataError, EdgekitError
 from edgekit.formats import FORMATS, READERS, SPLITS, Example, detect_format
 
 # Re-exported: callers read datasets through this module.
-__all__ = ["FORMATS", "SPLITS", "Dataset", "Example", "check_trainable", "detect_format", "load_dataset",
+__all__ = ["FORMATS", "SPLITS", "Dataset", "Example", "build_seed", "check_trainable", "detect_format", "load_dataset",
            "open_slots", "replace_words", "stratified_split", "swap_mentions"]
 OOS_LABELS = ("oos", "out_of_scope")
 
@@ -96,6 +97,16 @@ def load_dataset(path: str | Path, fmt: str | None = None, seed: int = 0) -> Dat
         tags = ["O"] + [f"{p}-{n}" for n in names for p in ("B", "I")]
     name = path.name if path.is_dir() else path.stem
     return Dataset(name, fmt, str(path), {s: splits[s] for s in SPLITS}, intents, tags, oos, notes, made)
+
+
+def build_seed(package: str | Path) -> int:
+    """The seed a package's build drew the dev and test splits it made with (its report.json; 0 without one), so
+    that scoring the package on data without those splits holds out the same utterances as the build did."""
+    report = Path(package) / "report.json"
+    try:
+        return int(json.loads(report.read_text()).get("config", {}).get("seed") or 0)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 0
 
 
 def check_trainable(data: Dataset) -> None:

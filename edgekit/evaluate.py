@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from edgekit.build.cache import built_entry
-from edgekit.data import load_dataset
+from edgekit.data import build_seed, load_dataset
 from edgekit.errors import EdgekitError
 from edgekit.metrics import invalid_bio
 from edgekit.runtime.package import Package, PackageError
@@ -32,7 +32,7 @@ def evaluate_package(package: str | Path, data: str | Path, runtime: str = "exec
         pkg = Package.load(package)
     except PackageError as e:
         raise EdgekitError(str(e)) from None
-    ds = load_dataset(data, fmt)
+    ds = load_dataset(data, fmt, build_seed(package))  # splits the data lacks: the build's own
     examples = ds.splits[split]
     foreign = _foreign_labels(examples, pkg.labels)
     if foreign and foreign["utterances"] == len(examples):

@@ -2,9 +2,10 @@ import json
 
 import pytest
 
-from edgekit.data import detect_format, load_dataset, stratified_split
+from edgekit.data import build_seed, detect_format, load_dataset, stratified_split
 from edgekit.errors import DataError, EdgekitError
 
+from .conftest import DEMO
 from .test_cli import assert_one_line_error, run
 
 
@@ -296,8 +297,6 @@ def test_out_that_cannot_be_written_is_refused_before_training(tmp_path, tiny_be
     from edgekit.build import BuildConfig
     from edgekit.build.runner import prepare
 
-    from .conftest import DEMO
-
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     # a new OUT whose parent is a regular file (was an OSError traceback after training)
@@ -355,3 +354,18 @@ def test_jsonl_text_holding_a_unicode_line_separator_stays_one_row(tmp_path):
                          [{"text": "play\u2028queen", "intent": "music"}] + _two_intents()), encoding="utf-8")
     ds = load_dataset(f)
     assert sum(len(s) for s in ds.splits.values()) == 21
+
+
+def test_scoring_a_package_holds_out_what_its_build_held_out(tmp_path):
+    # data without a test split: the build drew one with its seed; eval, bench, profile and compare read that seed
+    # from the package's report.json, or they would score on utterances the model trained on
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    assert build_seed(pkg) == 0  # no report: the build default
+    (pkg / "report.json").write_text(json.dumps({"config": {"seed": 3}}))
+    assert build_seed(pkg) == 3
+    built = {ex.text for ex in load_dataset(DEMO, seed=3).splits["test"]}
+    assert {ex.text for ex in load_dataset(DEMO, seed=build_seed(pkg)).splits["test"]} == built
+    assert {ex.text for ex in load_dataset(DEMO).splits["test"]} != built  # seed 0 holds out others
+    (pkg / "report.json").write_text("{not json")
+    assert build_seed(pkg) == 0
