@@ -24,6 +24,7 @@ from pathlib import Path
 log = logging.getLogger("edgekit")
 QUANTILES = (0.5, 0.9, 0.99)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+RAY_SOCKET_TAIL = len("/session_2026-12-02_16-42-08_123456_1234567/sockets/plasma_store")
 
 
 @dataclass
@@ -283,10 +284,17 @@ def application(package: Path, settings: ServeSettings):
     return Replica.options(**scaling, ray_actor_options={"num_cpus": s.threads, "num_gpus": s.num_gpus}).bind(files)
 
 
-def ray_temp_dir() -> Path:
-    """Ray's session folder: short (its socket paths must stay under 107 bytes) and in the user's cache."""
-    path = Path.home() / ".cache" / "edgekit" / "ray"
-    path.mkdir(parents=True, exist_ok=True)
+def ray_temp_dir(home: Path | None = None) -> Path:
+    """Ray's session folder, in the user's cache (~/.cache/edgekit/ray). Ray's socket paths under it
+    (session_<date>_<pid>/sockets/plasma_store, up to 64 more bytes) must stay under 107 bytes: with a home path
+    too long for that, a folder of the user's own under /tmp."""
+    import os
+    import tempfile
+
+    path = (home or Path.home()) / ".cache" / "edgekit" / "ray"
+    if len(str(path)) + RAY_SOCKET_TAIL > 107:
+        path = Path(tempfile.gettempdir()) / f"edgekit-ray-{os.getuid()}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
 
