@@ -60,9 +60,11 @@ def export_teacher(package: Path, runtime: str, dest: Path) -> Path:
 
 
 def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n: int = 200, threads: int = 1,
-          compare_teacher: bool = False, split: str = "test", fmt: str | None = None) -> dict:
+          compare_teacher: bool = False, split: str = "test", fmt: str | None = None,
+          providers: list[str] | None = None) -> dict:
     """p50/p99 of the package's model call on `n` utterances of `split`; with compare_teacher, the FP32 teacher
-    exported the same way is timed in the same run and the speed-up (teacher p50 / package p50) reported."""
+    exported the same way is timed in the same run and the speed-up (teacher p50 / package p50) reported.
+    providers: ONNX Runtime's, tried in order (default: the package's); the one that ran is recorded."""
     from edgekit.runtime.backends import open_backend, set_threads
 
     package = Path(package)
@@ -72,8 +74,9 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
     except PackageError as e:
         raise EdgekitError(str(e)) from None
     texts = [ex.text for ex in load_dataset(data, fmt, build_seed(package)).splits[split][:n]]
-    pred = Predictor.open(pkg, runtime, threads=threads)
-    out = {"package": str(package), "runtime": runtime, "threads": threads, "n": len(texts), "split": split,
+    pred = Predictor.open(pkg, runtime, threads=threads, providers=providers)
+    out = {"package": str(package), "runtime": runtime, "provider": pred.provider, "threads": threads,
+           "n": len(texts), "split": split,
            "max_len": pkg.max_len, "package_bytes": sum(f["bytes"] for name, f in pkg.manifest["files"].items()
                                                          if name in (pkg.manifest["models"][runtime],
                                                                      "tokenizer.model", "labels.json"))}

@@ -179,8 +179,12 @@ def bench_(
 
     if n < 1 or threads < 1:
         raise EdgekitError("--n and --threads must be >= 1")
+    _providers(provider)
     if batch is None:
-        typer.echo(json.dumps(bench(package, data, _runtime(runtime, package), n, threads, compare_teacher, split),
+        rt = _runtime(runtime, package)
+        if provider and rt != "onnx":
+            raise EdgekitError(f"--provider picks ONNX Runtime's execution provider; this runs {rt} (--runtime onnx)")
+        typer.echo(json.dumps(bench(package, data, rt, n, threads, compare_teacher, split, providers=provider),
                               indent=2))
         return
     try:
@@ -189,7 +193,6 @@ def bench_(
         raise EdgekitError(f"--batch {batch!r}: comma-separated whole numbers, e.g. 1,8,32") from None
     if not sizes or min(sizes) < 1:
         raise EdgekitError("--batch sizes must be >= 1")
-    _providers(provider)
     texts = [ex.text for ex in load_dataset(data, seed=build_seed(package)).splits[split][:n]]
     typer.echo(json.dumps(batch_throughput(str(package), texts, sizes, threads, provider), indent=2))
 
@@ -354,10 +357,9 @@ def compare(
     Package.load(device)  # both checked before anything starts (a bad one: main's `error:` line, exit 2)
     if not server.startswith(("http://", "https://")):
         Package.load(server)
-    try:
-        cfg = cmp.CompareConfig(latency_n=n, load_seconds=load_seconds)
-    except ValueError as e:
-        raise EdgekitError(f"compare: {e}") from None
+    if n < 10 or load_seconds <= 0:  # CompareConfig says so in its own field names
+        raise EdgekitError(f"--n must be >= 10 (got {n}) and --load-seconds > 0 (got {load_seconds:g})")
+    cfg = cmp.CompareConfig(latency_n=n, load_seconds=load_seconds)
     res = cmp.compare(device, server, str(data), cfg, log=lambda m: typer.echo(m, err=True))
     Console(width=max(120, Console().width)).print(cmp.table(res))
     for line in cmp.finish(res, device, out, record):

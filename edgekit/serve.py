@@ -248,7 +248,9 @@ def application(package: Path, settings: ServeSettings):
             if path == "/predict":
                 return JSONResponse(await self._one(check_item(body, labels["intents"], s.max_text_chars,
                                                                    decoding=decoding)))
-            texts = body.get("texts") if isinstance(body, dict) else None
+            if not isinstance(body, dict):
+                raise BadRequest(400, "the body must be a JSON object")
+            texts = body.get("texts")
             if not isinstance(texts, list) or not texts:
                 raise BadRequest(422, "texts: required, a non-empty list of strings")
             if len(texts) > s.max_batch:

@@ -84,10 +84,14 @@ def test_predict_json_on_built_package(tmp_path, tiny_bert):
                           "unknown intent 'dance'")
     # bench: the package against its FP32 teacher exported the same way, in one run (ONNX Runtime: exporting the
     # teacher to ExecuTorch again would double this test's time)
-    b = run("bench", str(out), "--data", str(DEMO), "--n", "20", "--compare-teacher", "--runtime", "onnx")
+    b = run("bench", str(out), "--data", str(DEMO), "--n", "20", "--compare-teacher", "--runtime", "onnx",
+            "--provider", "cpu")
     assert b.returncode == 0, b.stderr[-2000:]
     rep = json.loads(b.stdout)
     assert rep["package_latency"]["n"] == 60 and rep["teacher_latency"]["p50_ms"] > 0
+    assert rep["provider"] == "CPUExecutionProvider"  # --provider reaches the single-utterance timing too
+    assert_one_line_error(run("bench", str(out), "--data", str(DEMO), "--runtime", "executorch", "--provider",
+                              "cuda"), "--provider")
     assert rep["speedup_p50"] == pytest.approx(rep["teacher_latency"]["p50_ms"] / rep["package_latency"]["p50_ms"])
     assert_one_line_error(run("bench", str(tmp_path / "nope"), "--data", str(DEMO)), "nope")
 

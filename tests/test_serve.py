@@ -128,6 +128,7 @@ def test_predict_answers_as_the_runtime_does(server, package):
     ("POST", "/predict", json.dumps({"text": "play", "reject": "yes"}), 422, "reject"),
     ("POST", "/predict_batch", json.dumps({"texts": ["play"] * 17}), 413, "at most 16"),
     ("POST", "/predict_batch", json.dumps({"texts": "play"}), 422, "texts"),
+    ("POST", "/predict_batch", '["play"]', 400, "JSON object"),
     ("POST", "/predict_batch", json.dumps({"texts": ["ok", 3]}), 422, "texts[]"),
     ("GET", "/predict", None, 405, "POST"),
     ("GET", "/nowhere", None, 404, "no endpoint"),
