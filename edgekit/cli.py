@@ -240,7 +240,7 @@ def serve(
         import ray  # noqa: F401
         from ray import serve as _  # noqa: F401
     except ImportError:
-        raise EdgekitError("edgekit serve needs Ray Serve: pip install 'edgekit[serve]'") from None
+        raise EdgekitError("edgekit serve needs Ray Serve: pip install -e '.[serve]' in the edgekit checkout") from None
     stop = threading.Event()
 
     def on_signal():  # ray.init installs its own SIGTERM handler (a stack dump and abort): ours goes on after it

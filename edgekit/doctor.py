@@ -24,9 +24,9 @@ VERSIONS = {
     "executorch": (True, "pip install executorch==1.4.1"),
     "torchao": (True, "pip install torchao==0.18.0"),
     "onnxruntime": (False, "pip install onnxruntime (or the gpu extra: onnxruntime-gpu)"),
-    "onnxruntime-gpu": (False, "for GPU servers: pip install 'edgekit[gpu]' (see docs/serving.md)"),
+    "onnxruntime-gpu": (False, "for GPU servers: pip install -e '.[gpu]' (see docs/serving.md)"),
     "sentencepiece": (True, "pip install sentencepiece"),
-    "ray": (False, "for `edgekit serve`: pip install 'edgekit[serve]'"),
+    "ray": (False, "for `edgekit serve`: pip install -e '.[serve]'"),
     "matplotlib": (True, "pip install matplotlib"),
 }
 
@@ -95,7 +95,7 @@ def onnxruntime() -> list[Check]:
     if gpu_device or smi:
         has = "CUDAExecutionProvider" in providers
         out.append(Check("CUDA device", OK if has else WARN, "an NVIDIA GPU is visible" + (
-            "" if has else ", but ONNX Runtime has no CUDA provider"), "" if has else "pip install 'edgekit[gpu]' "
+            "" if has else ", but ONNX Runtime has no CUDA provider"), "" if has else "pip install -e '.[gpu]' "
             "(see docs/serving.md)"))
     else:
         out.append(Check("CUDA device", INFO, "no NVIDIA GPU visible: server-gpu packages run on the CPU, with "

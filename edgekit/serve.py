@@ -8,7 +8,7 @@ concurrent requests (size and wait window from the package's `serve` table, whic
 replicas as bytes through Ray, so the same command serves on a multi-node cluster (`--address`); each replica
 checks every file's sha256 before loading.
 
-Ray is imported lazily: `pip install 'edgekit[serve]'`.
+Ray is imported lazily: `pip install -e '.[serve]'`.
 """
 
 from __future__ import annotations
