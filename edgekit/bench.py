@@ -19,7 +19,7 @@ from edgekit.build.cache import built_entry
 from edgekit.data import build_seed, load_dataset
 from edgekit.errors import EdgekitError
 from edgekit.runtime.package import Package, PackageError
-from edgekit.runtime.predictor import Predictor, paired_latency
+from edgekit.runtime.predictor import Predictor, onnx_options, paired_latency
 
 
 def export_teacher(package: Path, runtime: str, dest: Path) -> Path:
@@ -85,12 +85,13 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
         return out
     with tempfile.TemporaryDirectory() as tmp:
         path, tok = export_teacher(package, runtime, Path(tmp))
-        same = {"dynamic_seq": pkg.dynamic_seq} if runtime == "onnx" else {}
+        # the same axes and the same execution providers as the package, or the speed-up would compare them
+        same = onnx_options(pkg, providers) if runtime == "onnx" else {}
         backend = open_backend(runtime, path, threads, pkg.buckets(runtime), **same)
         teacher = Predictor(backend, tok, pkg.labels, pkg.max_len, decoding=True, batched=pkg.batched)
         lat, lat_t = paired_latency(pred, teacher, texts, block=50)
         out.update(package_latency=lat, teacher_latency=lat_t, teacher_bytes=path.stat().st_size,
-                   speedup_p50=lat_t["p50_ms"] / lat["p50_ms"])
+                   teacher_provider=teacher.provider, speedup_p50=lat_t["p50_ms"] / lat["p50_ms"])
     return out
 
 

@@ -235,7 +235,12 @@ def compare(device: Path, server: str, data_path: str, cfg: CompareConfig, log=p
     from edgekit.data import build_seed, load_dataset
     from edgekit.training import labels_of, score
 
-    data = load_dataset(data_path, seed=build_seed(device))  # splits the data lacks: as the device's build made them
+    seed = build_seed(device)
+    data = load_dataset(data_path, seed=seed)  # splits the data lacks: as the device's build made them
+    other = build_seed(server) if not server.startswith(("http://", "https://")) else seed
+    if data.split_from_train and other is not None and other != seed:
+        log(f"warning: the device was built with --seed {seed}, the server with --seed {other}: {data_path} has no "
+            f"{' or '.join(data.split_from_train)} split, so the server is scored partly on utterances it trained on")
     labels = labels_of(data)
     dev = device_side(device, data, cfg, log)
     srv = server_side(server, data, cfg, log)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 from edgekit.errors import DataError, EdgekitError
 from edgekit.formats import FORMATS, READERS, SPLITS, Example, detect_format
 
+log = logging.getLogger("edgekit")
 # Re-exported: callers read datasets through this module.
 __all__ = ["FORMATS", "SPLITS", "Dataset", "Example", "build_seed", "check_trainable", "detect_format", "load_dataset",
            "open_slots", "replace_words", "stratified_split", "swap_mentions"]
@@ -64,8 +66,9 @@ def stratified_split(examples: list[Example], fraction: float, seed: int = 0) ->
     return keep, held
 
 
-def load_dataset(path: str | Path, fmt: str | None = None, seed: int = 0) -> Dataset:
-    """Read a dataset, auto-detecting its format unless `fmt` is given; fill in missing dev/test splits."""
+def load_dataset(path: str | Path, fmt: str | None = None, seed: int | None = 0) -> Dataset:
+    """Read a dataset, auto-detecting its format unless `fmt` is given; fill in missing dev/test splits, drawn
+    with `seed` (None: a package's seed that could not be read; 0, with a warning when a split is drawn)."""
     path = Path(path)
     if not path.exists():
         raise DataError(path, None, "no such file or folder")
@@ -78,6 +81,12 @@ def load_dataset(path: str | Path, fmt: str | None = None, seed: int = 0) -> Dat
     if "train" not in splits or not splits["train"]:
         raise DataError(path, None, "no training examples")
     made = [s for s in ("test", "dev") if s not in splits]
+    if seed is None:
+        if made:
+            log.warning("%s has no %s split and the package no report.json naming its build's seed: drawn with "
+                        "seed 0, which holds out other utterances than the build did if it ran with another --seed",
+                        path, " or ".join(made))
+        seed = 0
     if "test" in made:
         splits["train"], splits["test"] = stratified_split(splits["train"], 0.1, seed)
         notes.append(f"test: a deterministic stratified 10% of train (seed {seed})")
@@ -99,14 +108,14 @@ def load_dataset(path: str | Path, fmt: str | None = None, seed: int = 0) -> Dat
     return Dataset(name, fmt, str(path), {s: splits[s] for s in SPLITS}, intents, tags, oos, notes, made)
 
 
-def build_seed(package: str | Path) -> int:
-    """The seed a package's build drew the dev and test splits it made with (its report.json; 0 without one), so
-    that scoring the package on data without those splits holds out the same utterances as the build did."""
+def build_seed(package: str | Path) -> int | None:
+    """The seed a package's build drew the dev and test splits it made with (its report.json; None without a
+    readable one), so that scoring the package on data without those splits holds out what the build did."""
     report = Path(package) / "report.json"
     try:
         return int(json.loads(report.read_text()).get("config", {}).get("seed") or 0)
     except (OSError, ValueError, AttributeError, TypeError):
-        return 0
+        return None
 
 
 def check_trainable(data: Dataset) -> None:

@@ -25,6 +25,7 @@ log = logging.getLogger("edgekit")
 QUANTILES = (0.5, 0.9, 0.99)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 RAY_SOCKET_TAIL = len("/session_2026-12-02_16-42-08_123456_1234567/sockets/plasma_store")
+RAY_TMP = Path("/tmp")
 
 
 @dataclass
@@ -289,14 +290,25 @@ def application(package: Path, settings: ServeSettings):
 def ray_temp_dir(home: Path | None = None) -> Path:
     """Ray's session folder, in the user's cache (~/.cache/edgekit/ray). Ray's socket paths under it
     (session_<date>_<pid>/sockets/plasma_store, up to 64 more bytes) must stay under 107 bytes: with a home path
-    too long for that, a folder of the user's own under /tmp."""
+    too long for that, a folder of the user's own in /tmp (Ray's own choice; $TMPDIR can be long, as on macOS)."""
     import os
-    import tempfile
 
+    from edgekit.errors import EdgekitError
+
+    fits = lambda p: len(os.fsencode(str(p))) + RAY_SOCKET_TAIL <= 107  # noqa: E731 (bytes, not characters)
     path = (home or Path.home()) / ".cache" / "edgekit" / "ray"
-    if len(str(path)) + RAY_SOCKET_TAIL > 107:
-        path = Path(tempfile.gettempdir()) / f"edgekit-ray-{os.getuid()}"
+    if fits(path):
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    path = RAY_TMP / f"edgekit-ray-{os.getuid()}"
+    if not fits(path):
+        raise EdgekitError(f"{path}: too long for Ray's socket paths (107 bytes)")
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.lstat()
+    if not path.is_dir() or path.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        # a shared folder with a name anyone could take first: Ray's sockets must not live in someone else's
+        raise EdgekitError(f"{path}: not a folder of your own (owner uid {st.st_uid}, mode {st.st_mode & 0o777:o}); "
+                           "remove it, or use a shorter home path")
     return path
 
 

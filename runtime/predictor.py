@@ -69,6 +69,14 @@ def _has(provider: str) -> bool:
     return provider in ort.get_available_providers()
 
 
+def onnx_options(pkg: Package, providers: list[str] | None = None) -> dict:
+    """ONNX Runtime's session settings for a package's graphs: providers by short name, in order (default: the
+    package's, else CPU), with what their options need (the serve table, lengths, the dynamic sequence axis)."""
+    serve = pkg.manifest.get("serve") or {}
+    return {"providers": providers or serve.get("providers") or ["cpu"], "serve": serve, "max_len": pkg.max_len,
+            "n_intents": len(pkg.labels["intents"]), "dynamic_seq": pkg.dynamic_seq}
+
+
 class Predictor:
     """`Predictor.open("build/snips-android").predict("play queen")` -> {"intent", "confidence", "slots"}."""
 
@@ -97,10 +105,8 @@ class Predictor:
             raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(BACKENDS)}")
         path, onnx = pkg.model_path(runtime), {}
         if runtime == "onnx":
-            serve = pkg.manifest.get("serve") or {}
-            names = providers or serve.get("providers") or ["cpu"]
-            onnx = {"providers": names, "serve": serve, "max_len": pkg.max_len,
-                    "n_intents": len(pkg.labels["intents"]), "dynamic_seq": pkg.dynamic_seq}
+            onnx = onnx_options(pkg, providers)
+            names = onnx["providers"]
             if names[0] == "tensorrt" and pkg.manifest.get("tensorrt_model") and _has("TensorrtExecutionProvider"):
                 path = pkg.root / pkg.manifest["tensorrt_model"]  # TensorRT parses the unfused FP32 graph
         fallback = None

@@ -89,7 +89,8 @@ def test_predict_json_on_built_package(tmp_path, tiny_bert):
     assert b.returncode == 0, b.stderr[-2000:]
     rep = json.loads(b.stdout)
     assert rep["package_latency"]["n"] == 60 and rep["teacher_latency"]["p50_ms"] > 0
-    assert rep["provider"] == "CPUExecutionProvider"  # --provider reaches the single-utterance timing too
+    # --provider reaches the single-utterance timing, the teacher beside it too
+    assert rep["provider"] == rep["teacher_provider"] == "CPUExecutionProvider"
     assert_one_line_error(run("bench", str(out), "--data", str(DEMO), "--runtime", "executorch", "--provider",
                               "cuda"), "--provider")
     assert rep["speedup_p50"] == pytest.approx(rep["teacher_latency"]["p50_ms"] / rep["package_latency"]["p50_ms"])

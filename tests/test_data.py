@@ -361,11 +361,13 @@ def test_scoring_a_package_holds_out_what_its_build_held_out(tmp_path):
     # from the package's report.json, or they would score on utterances the model trained on
     pkg = tmp_path / "pkg"
     pkg.mkdir()
-    assert build_seed(pkg) == 0  # no report: the build default
+    assert build_seed(pkg) is None  # no report: unknown (load_dataset warns and draws with 0)
     (pkg / "report.json").write_text(json.dumps({"config": {"seed": 3}}))
     assert build_seed(pkg) == 3
     built = {ex.text for ex in load_dataset(DEMO, seed=3).splits["test"]}
     assert {ex.text for ex in load_dataset(DEMO, seed=build_seed(pkg)).splits["test"]} == built
     assert {ex.text for ex in load_dataset(DEMO).splits["test"]} != built  # seed 0 holds out others
     (pkg / "report.json").write_text("{not json")
-    assert build_seed(pkg) == 0
+    assert build_seed(pkg) is None
+    assert {ex.text for ex in load_dataset(DEMO, seed=None).splits["test"]} == {
+        ex.text for ex in load_dataset(DEMO).splits["test"]}

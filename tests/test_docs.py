@@ -13,18 +13,20 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def anchors(path: Path) -> set[str]:
-    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens (no code blocks)."""
-    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
-    out = set()
-    for h in re.findall(r"^#+\s+(.+?)\s*$", text, flags=re.M):
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens, a repeated one numbered
+    (-1, -2, ...); headings in code blocks are none."""
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    out, seen = set(), {}
+    for h in re.findall(r"^#+\s+(.+?)\s*#*\s*$", text, flags=re.M):
         slug = re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-")
-        out.add(slug)
+        out.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
     return out
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_relative_links_resolve(doc):
-    text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+    text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
     bad = []
     for target in LINK.findall(text):
         if re.match(r"[a-z]+:", target):  # http:, https:, mailto:

@@ -102,6 +102,24 @@ def test_eval_runs_the_package_and_compares_with_eager(built):
     assert shipped["agreement_with_eager"] >= 0.995 and shipped["invalid_bio"] == 0
 
 
+def test_eval_holds_out_what_the_build_held_out(built, tmp_path, monkeypatch):
+    # the demo data has no test split: the build drew one with its --seed, which eval reads from report.json
+    import shutil
+
+    import edgekit.evaluate as ev
+
+    out, _ = built
+    copy = tmp_path / "pkg"
+    shutil.copytree(out, copy)
+    rep = json.loads((copy / "report.json").read_text())
+    (copy / "report.json").write_text(json.dumps(rep | {"config": rep["config"] | {"seed": 3}}))
+    seeds = []
+    real = ev.load_dataset
+    monkeypatch.setattr(ev, "load_dataset", lambda *a: seeds.append(a[2]) or real(*a))
+    res = ev.evaluate_package(copy, DEMO, "onnx", compare_eager=False)
+    assert seeds == [3] and res["n"] == len(real(DEMO, None, 3).splits["test"])
+
+
 def test_decoding_graph_in_report(built):
     out, rep = built
     export = next(p for p in rep["passes"] if p["name"] == "export")["extra"]
