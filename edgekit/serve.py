@@ -301,6 +301,7 @@ def ray_temp_dir(home: Path | None = None) -> Path:
         path.mkdir(parents=True, exist_ok=True)
         return path
     path = RAY_TMP / f"edgekit-ray-{os.getuid()}"
+    log.warning("the home folder's path is too long for Ray's socket paths (107 bytes): Ray works in %s", path)
     if not fits(path):
         raise EdgekitError(f"{path}: too long for Ray's socket paths (107 bytes)")
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
