@@ -357,9 +357,10 @@ def compare(
     Package.load(device)  # both checked before anything starts (a bad one: main's `error:` line, exit 2)
     if not server.startswith(("http://", "https://")):
         Package.load(server)
-    if n < 10 or load_seconds <= 0:  # CompareConfig says so in its own field names
-        raise EdgekitError(f"--n must be >= 10 (got {n}) and --load-seconds > 0 (got {load_seconds:g})")
-    cfg = cmp.CompareConfig(latency_n=n, load_seconds=load_seconds)
+    try:  # CompareConfig owns the limits; its message names its fields, the user typed the flags
+        cfg = cmp.CompareConfig(latency_n=n, load_seconds=load_seconds)
+    except ValueError as e:
+        raise EdgekitError(str(e).replace("latency_n", "--n").replace("load_seconds", "--load-seconds")) from None
     res = cmp.compare(device, server, str(data), cfg, log=lambda m: typer.echo(m, err=True))
     Console(width=max(120, Console().width)).print(cmp.table(res))
     for line in cmp.finish(res, device, out, record):

@@ -115,7 +115,8 @@ class Predictor:
             tau = escalate_below if escalate_below is not None else cas.get("threshold")
             if tau is None:
                 raise ValueError(f"{pkg.root}: the manifest has no cascade.threshold (edgekit compare DEVICE SERVER "
-                                 "--data DATA calibrates one); give a threshold: escalate_below, --escalate-below on the command line")
+                                 "--data DATA calibrates one); give a threshold: escalate_below, --escalate-below on "
+                                 "the command line")
             fallback = Fallback(fallback_url, float(tau), float(fallback_timeout_s or cas.get("timeout_s")
                                                                 or DEFAULT_TIMEOUT_S))
         backend = open_backend(runtime, path, threads, pkg.buckets(runtime), **onnx)
