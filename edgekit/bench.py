@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from edgekit.build.cache import built_entry
-from edgekit.data import build_seed, load_dataset
+from edgekit.data import package_split
 from edgekit.errors import EdgekitError
 from edgekit.runtime.package import Package, PackageError
 from edgekit.runtime.predictor import Predictor, onnx_options, paired_latency
@@ -73,7 +73,7 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
         pkg = Package.load(package)
     except PackageError as e:
         raise EdgekitError(str(e)) from None
-    texts = [ex.text for ex in load_dataset(data, fmt, build_seed(package)).splits[split][:n]]
+    texts = [ex.text for ex in package_split(data, package, split, fmt)[:n]]
     pred = Predictor.open(pkg, runtime, threads=threads, providers=providers)
     out = {"package": str(package), "runtime": runtime, "provider": pred.provider, "threads": threads,
            "n": len(texts), "split": split,

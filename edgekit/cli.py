@@ -62,7 +62,7 @@ def build(
     intents: Annotated[Optional[str], typer.Option(help="Comma-separated intents the package may answer (baked into "
                                                    "the graph; default: all).")] = None,
     cache: Annotated[Optional[Path], typer.Option(help="Stage cache folder (default: $EDGEKIT_CACHE, else "
-                                                  "~/.cache/edgekit).")] = None,
+                                                  "$XDG_CACHE_HOME/edgekit, else ~/.cache/edgekit).")] = None,
     strict: Annotated[bool, typer.Option(help="Fail with no package when the accuracy budget is not met (default: "
                                          "ship the best try marked over budget, exit code 3).")] = False,
 ):
@@ -122,10 +122,14 @@ def predict(
     from edgekit.runtime import Predictor
     from edgekit.runtime.tokenizer import InputError
 
+    if escalate_below is not None and fallback is None:
+        raise EdgekitError("--escalate-below: needs --fallback URL, the server it escalates to")
     try:  # a bad package is one `error:` line and exit 2 (main)
         pred = Predictor.open(package, _runtime(runtime, package), fallback_url=fallback, escalate_below=escalate_below)
-    except ValueError as e:
-        raise EdgekitError(f"--fallback: {e}") from None
+    except ValueError as e:  # the API names its parameters; the user typed the flags
+        msg = str(e)
+        raise EdgekitError(f"--escalate-below{msg.removeprefix('escalate_below')}" if msg.startswith("escalate_below:")
+                           else f"--fallback: {msg}") from None
     try:
         result = pred.predict(text, allow_intents=_names(allow_intents), reject=not no_reject)
     except InputError as e:  # e.g. bytes that are not UTF-8 on the command line
@@ -142,7 +146,8 @@ def eval_(
     package: Path = typer.Argument(..., help="Package folder written by `edgekit build`."),
     data: Path = typer.Option(..., "--data", help="Dataset with the split to score."),
     runtime: Optional[str] = typer.Option(None, help="executorch or onnx (default: the package's primary)."),
-    split: str = typer.Option("test", help="train, dev or test."),
+    split: str = typer.Option("test", help="train, dev, test, or all (every utterance, none drawn: a "
+                              "held-out file of your own)."),
     format: Optional[str] = typer.Option(None, "--format", help="Force the data format."),
     compare_eager: bool = typer.Option(True, help="Also report agreement with the eager model, if checkpointed."),
     allow_intents: Optional[str] = typer.Option(None, help="Comma-separated intents the answers may take."),
@@ -151,8 +156,6 @@ def eval_(
     """Score a package by running it (tokenizer, runtime, decoder) on every utterance of a split."""
     from edgekit.evaluate import evaluate_package
 
-    if split not in ("train", "dev", "test"):
-        raise EdgekitError(f"unknown --split {split!r}; choose train, dev or test")
     typer.echo(json.dumps(evaluate_package(package, data, _runtime(runtime, package), split, format, compare_eager,
                                                 _names(allow_intents), not no_reject), indent=2))
 
@@ -161,12 +164,14 @@ def eval_(
 def bench_(
     package: Path = typer.Argument(..., help="Package folder written by `edgekit build`."),
     data: Path = typer.Option(..., "--data", help="Dataset whose utterances are timed."),
+    format: Optional[str] = typer.Option(None, "--format", help="Force the data format."),
     runtime: Optional[str] = typer.Option(None, help="executorch or onnx (default: the package's primary)."),
     n: int = typer.Option(200, help="Utterances timed (each 3 times)."),
     threads: int = typer.Option(1, help="Runtime threads (1: as an app's foreground call)."),
     compare_teacher: bool = typer.Option(False, help="Also export the build's FP32 teacher the same way and time "
                                          "it in the same run; reports the speed-up."),
-    split: str = typer.Option("test", help="train, dev or test."),
+    split: str = typer.Option("test", help="train, dev, test, or all (every utterance, none drawn: a "
+                              "held-out file of your own)."),
     batch: Optional[str] = typer.Option(None, help="Batch sizes, e.g. 1,8,32,128: throughput of a server "
                                         "package's batched graph at each (ONNX Runtime)."),
     provider: Optional[list[str]] = typer.Option(None, help="ONNX Runtime provider to try, in order, repeatable: "
@@ -175,7 +180,7 @@ def bench_(
     """Single-utterance latency (p50/p99, after warm-up) of a package's model call on real utterances; with
     --batch, a server package's throughput by batch size."""
     from edgekit.bench import batch_throughput, bench
-    from edgekit.data import build_seed, load_dataset
+    from edgekit.data import package_split
 
     if n < 1 or threads < 1:
         raise EdgekitError("--n and --threads must be >= 1")
@@ -184,7 +189,7 @@ def bench_(
         rt = _runtime(runtime, package)
         if provider and rt != "onnx":
             raise EdgekitError(f"--provider picks ONNX Runtime's execution provider; this runs {rt} (--runtime onnx)")
-        typer.echo(json.dumps(bench(package, data, rt, n, threads, compare_teacher, split, providers=provider),
+        typer.echo(json.dumps(bench(package, data, rt, n, threads, compare_teacher, split, format, provider),
                               indent=2))
         return
     try:
@@ -193,7 +198,7 @@ def bench_(
         raise EdgekitError(f"--batch {batch!r}: comma-separated whole numbers, e.g. 1,8,32") from None
     if not sizes or min(sizes) < 1:
         raise EdgekitError("--batch sizes must be >= 1")
-    texts = [ex.text for ex in load_dataset(data, seed=build_seed(package)).splits[split][:n]]
+    texts = [ex.text for ex in package_split(data, package, split, format)[:n]]
     typer.echo(json.dumps(batch_throughput(str(package), texts, sizes, threads, provider), indent=2))
 
 
@@ -290,6 +295,7 @@ def web(
 def loadtest(
     url: str = typer.Argument(..., help="Server URL on this machine, e.g. http://127.0.0.1:8000."),
     data: Path = typer.Option(..., "--data", help="Dataset whose utterances are sent (the split below)."),
+    format: Optional[str] = typer.Option(None, "--format", help="Force the data format."),
     profile: str = typer.Option("high", help="low (4 concurrent), high (64) or burst (200 at once, repeated)."),
     duration: float = typer.Option(30.0, help="Seconds; it stops by itself."),
     timeout: float = typer.Option(10.0, help="Seconds before a request counts as timed out."),
@@ -301,12 +307,12 @@ def loadtest(
     from rich.console import Console
 
     from edgekit import loadtest as lt
-    from edgekit.data import load_dataset
+    from edgekit.data import SPLITS, load_dataset
 
     lt.check_loopback(url)  # before anything else: no traffic leaves the machine
-    if split not in ("train", "dev", "test"):
-        raise EdgekitError(f"unknown --split {split!r}; choose train, dev or test")
-    texts = [ex.text for ex in load_dataset(data).splits[split]]
+    if split not in SPLITS:
+        raise EdgekitError(f"unknown --split {split!r}; choose {', '.join(SPLITS)}")
+    texts = [ex.text for ex in load_dataset(data, format).splits[split]]
     result = lt.run(url, texts, profile, duration, timeout)
     Console().print(lt.render(result))
     lt.save(result, out)
@@ -341,6 +347,7 @@ def compare(
                                  "after) or the URL of a running edgekit serve on this machine."),
     data: Path = typer.Option(..., "--data", help="The dataset both were built on: dev calibrates the cascade, "
                               "test is measured."),
+    format: Optional[str] = typer.Option(None, "--format", help="Force the data format."),
     out: Path = typer.Option(Path("compare"), help="Folder for compare.json, compare.md (the table) and the plots."),
     n: int = typer.Option(300, help="Test utterances timed one by one on each side."),
     load_seconds: float = typer.Option(20.0, help="Length of the `high` load test against the server."),
@@ -361,7 +368,7 @@ def compare(
         cfg = cmp.CompareConfig(latency_n=n, load_seconds=load_seconds)
     except ValueError as e:
         raise EdgekitError(str(e).replace("latency_n", "--n").replace("load_seconds", "--load-seconds")) from None
-    res = cmp.compare(device, server, str(data), cfg, log=lambda m: typer.echo(m, err=True))
+    res = cmp.compare(device, server, str(data), cfg, log=lambda m: typer.echo(m, err=True), fmt=format)
     Console(width=max(120, Console().width)).print(cmp.table(res))
     for line in cmp.finish(res, device, out, record):
         typer.echo(line)
@@ -371,6 +378,7 @@ def compare(
 def profile_(
     package: Path = typer.Argument(..., help="Package folder written by `edgekit build`."),
     data: Path = typer.Option(..., "--data", help="Dataset whose test utterances are run."),
+    format: Optional[str] = typer.Option(None, "--format", help="Force the data format."),
     runtime: Optional[str] = typer.Option(None, help="executorch or onnx (default: the package's primary)."),
     n: int = typer.Option(200, help="Test utterances profiled (after 20 warm-up runs)."),
     threads: int = typer.Option(1, help="Runtime threads."),
@@ -381,12 +389,12 @@ def profile_(
     from rich.console import Console
 
     from edgekit import profile as pf
-    from edgekit.data import build_seed, load_dataset
+    from edgekit.data import package_split
     from edgekit.io import write_json
 
     if n < 1 or threads < 1:
         raise EdgekitError("--n and --threads must be >= 1")
-    texts = [ex.text for ex in load_dataset(data, seed=build_seed(package)).splits["test"]][:n]
+    texts = [ex.text for ex in package_split(data, package, "test", format)][:n]
     res = pf.profile(package, texts, _runtime(runtime, package) if runtime else None, threads)
     Console().print(pf.table(res, package))
     if res["note"]:

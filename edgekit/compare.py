@@ -230,13 +230,19 @@ def server_side(target: str, data, cfg: CompareConfig, log=print) -> dict:
     return out
 
 
-def compare(device: Path, server: str, data_path: str, cfg: CompareConfig, log=print) -> dict:
-    """The whole comparison as compare.json's content (see docs/compare.md)."""
+def compare(device: Path, server: str, data_path: str, cfg: CompareConfig, log=print, fmt: str | None = None) -> dict:
+    """The whole comparison as compare.json's content (see docs/compare.md). fmt: the data format (default:
+    detected)."""
     from edgekit.data import build_seed, load_dataset
+    from edgekit.errors import DataError
     from edgekit.training import labels_of, score
 
     seed = build_seed(device)
-    data = load_dataset(data_path, seed=seed)  # splits the data lacks: as the device's build made them
+    data = load_dataset(data_path, fmt, seed)  # splits the data lacks: as the device's build made them
+    empty = [s for s in ("dev", "test") if not data.splits[s]]
+    if empty:
+        raise DataError(data_path, None, f"the {empty[0]} split is empty: compare calibrates the cascade on dev "
+                                         "and measures test")
     other = build_seed(server) if not server.startswith(("http://", "https://")) else seed
     if data.split_from_train and other is not None and other != seed:
         log(f"warning: the device was built with --seed {seed}, the server with --seed {other}: {data_path} has no "

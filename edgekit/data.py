@@ -19,7 +19,7 @@ from edgekit.formats import FORMATS, READERS, SPLITS, Example, detect_format
 log = logging.getLogger("edgekit")
 # Re-exported: callers read datasets through this module.
 __all__ = ["FORMATS", "SPLITS", "Dataset", "Example", "build_seed", "check_trainable", "detect_format", "load_dataset",
-           "open_slots", "replace_words", "stratified_split", "swap_mentions"]
+           "open_slots", "package_split", "read_splits", "replace_words", "stratified_split", "swap_mentions"]
 OOS_LABELS = ("oos", "out_of_scope")
 
 
@@ -66,18 +66,23 @@ def stratified_split(examples: list[Example], fraction: float, seed: int = 0) ->
     return keep, held
 
 
-def load_dataset(path: str | Path, fmt: str | None = None, seed: int | None = 0) -> Dataset:
-    """Read a dataset, auto-detecting its format unless `fmt` is given; fill in missing dev/test splits, drawn
-    with `seed` (None: a package's seed that could not be read; 0, with a warning when a split is drawn)."""
-    path = Path(path)
+def read_splits(path: Path, fmt: str | None = None, notes: list[str] | None = None) -> tuple[str, dict]:
+    """The splits a dataset gives, as read (none drawn): (format, {split: [Example]})."""
     if not path.exists():
         raise DataError(path, None, "no such file or folder")
     if fmt is None:
         fmt = detect_format(path)
     elif fmt not in READERS:
         raise EdgekitError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    return fmt, READERS[fmt](path, [] if notes is None else notes)
+
+
+def load_dataset(path: str | Path, fmt: str | None = None, seed: int | None = 0) -> Dataset:
+    """Read a dataset, auto-detecting its format unless `fmt` is given; fill in missing dev/test splits, drawn
+    with `seed` (None: a package's seed that could not be read; 0, with a warning when a split is drawn)."""
+    path = Path(path)
     notes: list[str] = []
-    splits = READERS[fmt](path, notes)
+    fmt, splits = read_splits(path, fmt, notes)
     if "train" not in splits or not splits["train"]:
         raise DataError(path, None, "no training examples")
     made = [s for s in ("test", "dev") if s not in splits]
@@ -116,6 +121,25 @@ def build_seed(package: str | Path) -> int | None:
         return int(json.loads(report.read_text()).get("config", {}).get("seed") or 0)
     except (OSError, ValueError, AttributeError, TypeError):
         return None
+
+
+def package_split(data: str | Path, package: str | Path, split: str = "test", fmt: str | None = None) -> list[Example]:
+    """The utterances of `split` that score or time a package (eval, bench, profile): splits the data lacks are
+    drawn as the package's build drew them (build_seed). split "all": every utterance the data holds, none drawn
+    (a held-out file of your own). An unknown split or an empty one is refused in one line."""
+    if split == "all":
+        examples = [ex for part in read_splits(Path(data), fmt)[1].values() for ex in part]
+        if not examples:
+            raise DataError(data, None, "no utterances")
+        return examples
+    if split not in SPLITS:
+        raise EdgekitError(f"unknown --split {split!r}; choose {', '.join(SPLITS)} or all")
+    ds = load_dataset(data, fmt, build_seed(package))
+    if not ds.splits[split]:
+        why = " (drawn from train: no intent has the 3 or more utterances it takes)" if split in ds.split_from_train \
+            else ""
+        raise DataError(data, None, f"the {split} split is empty{why}; score another with --split")
+    return ds.splits[split]
 
 
 def check_trainable(data: Dataset) -> None:

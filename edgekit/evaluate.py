@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from edgekit.build.cache import built_entry
-from edgekit.data import build_seed, load_dataset
+from edgekit.data import package_split
 from edgekit.errors import EdgekitError
 from edgekit.metrics import invalid_bio
 from edgekit.runtime.package import Package, PackageError
@@ -32,8 +32,7 @@ def evaluate_package(package: str | Path, data: str | Path, runtime: str = "exec
         pkg = Package.load(package)
     except PackageError as e:
         raise EdgekitError(str(e)) from None
-    ds = load_dataset(data, fmt, build_seed(package))  # splits the data lacks: the build's own
-    examples = ds.splits[split]
+    examples = package_split(data, package, split, fmt)  # splits the data lacks: the build's own
     foreign = _foreign_labels(examples, pkg.labels)
     if foreign and foreign["utterances"] == len(examples):
         raise EdgekitError(f"{data}: none of the {split} split's intents is one the package knows (e.g. "

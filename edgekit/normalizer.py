@@ -126,10 +126,13 @@ def compile_charsmap(lowercase: bool = True, keep=ALL, cache_dir: Path | None = 
     if path.is_file():
         return path.read_bytes()
     blob = _compile(lowercase, keep)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(blob)
-    tmp.replace(path)  # atomic: parallel builds may race to write the same bytes
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(blob)
+        tmp.replace(path)  # atomic: parallel builds may race to write the same bytes
+    except OSError:  # a read-only cache: compiled again next time (a second); the build says so if it must write
+        pass
     return blob
 
 

@@ -15,6 +15,10 @@ from pathlib import Path
 from edgekit.errors import EdgekitError
 
 RUNTIMES = ("executorch", "onnx")
+# each top-level fact's type: a profile with another is refused naming the key (TOML has no bool/int confusion
+# here, but a quoted "2" or a list of strings where numbers go is a typo to catch before any work)
+FACTS = {"name": str, "description": str, "runtimes": (list, str), "primary_runtime": str, "bench_threads": int,
+         "stages": (list, str), "bucket_percentiles": (list, int)}
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,11 @@ def _read(name: str) -> tuple[dict, str]:
         path = Path(name)
         if not path.is_file():
             raise EdgekitError(f"{name}: target profile file not found")
-        text, where = path.read_text(encoding="utf-8"), name
+        try:
+            text, where = path.read_text(encoding="utf-8"), name
+        except (OSError, UnicodeDecodeError) as e:
+            raise EdgekitError(f"{name}: cannot read the target profile ({getattr(e, 'strerror', None) or e})") \
+                from None
     else:
         f = resources.files("edgekit.devices").joinpath(f"{name}.toml")
         if not f.is_file():
@@ -66,6 +74,8 @@ def load_target(name: str, _seen: tuple = ()) -> Target:
     """The profile `devices/<name>.toml`, or a user's own profile given as a path to a .toml file."""
     data, where = _read(name)
     parent = data.pop("extends", None)
+    if parent is not None and not isinstance(parent, str):
+        raise EdgekitError(f"{where}: extends must be a profile name or a .toml path, got {parent!r}")
     if parent and parent.endswith(".toml") and not Path(parent).is_absolute() and name.endswith(".toml"):
         parent = str(Path(name).parent / parent)  # relative to the profile that extends it
     if parent:
@@ -81,6 +91,7 @@ def load_target(name: str, _seen: tuple = ()) -> Target:
         if isinstance(v, dict):
             merged["tables"] = merge_tables(merged["tables"], {k: v})
         elif k in known:
+            _check_fact(where, k, v)
             merged[k] = v
         else:
             raise EdgekitError(f"{where}: unknown profile key {k!r}")
@@ -95,4 +106,17 @@ def load_target(name: str, _seen: tuple = ()) -> Target:
         raise EdgekitError(f"{where}: primary_runtime {target.primary_runtime!r} is not in runtimes {target.runtimes}")
     if target.bench_threads < 1:
         raise EdgekitError(f"{where}: bench_threads must be >= 1, got {target.bench_threads}")
+    if any(not 0 <= q <= 100 for q in target.bucket_percentiles):
+        raise EdgekitError(f"{where}: bucket_percentiles are percentiles, 0 to 100, got {target.bucket_percentiles}")
     return target
+
+
+def _check_fact(where: str, key: str, value) -> None:
+    kind = FACTS[key]
+    outer, inner = kind if isinstance(kind, tuple) else (kind, None)
+    ok = isinstance(value, outer) and not isinstance(value, bool)
+    if ok and inner is not None:
+        ok = all(isinstance(x, inner) and not isinstance(x, bool) for x in value)
+    if not ok:
+        want = f"a list of {inner.__name__}" if inner else outer.__name__
+        raise EdgekitError(f"{where}: {key} must be {want}, got {value!r}")

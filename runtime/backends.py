@@ -124,12 +124,15 @@ class OnnxBackend:
     """An `.onnx` model run by ONNX Runtime. providers: short names tried in order (edgekit.runtime.providers;
     default CPU); `provider` is the one that runs. On CUDA the inputs and outputs go through IO binding.
     dynamic_seq: the graph's sequence axis is dynamic (the manifest's `seq_axis`): each call's input_ids and
-    attention_mask are cut to its longest utterance, so a short batch does not pay for the package's max_len."""
+    attention_mask are cut to its longest utterance, so a short batch does not pay for the package's max_len.
+    spin: the intra-op threads spin-wait between calls (ORT's default). Off where other processes share the cores,
+    as on a server: the spinning takes the cores its proxy and request handling need."""
 
     name = "onnx"
 
     def __init__(self, path: str | Path, threads: int = 1, providers: list[str] | None = None,
-                 serve: dict | None = None, max_len: int = 64, n_intents: int = 2, dynamic_seq: bool = False):
+                 serve: dict | None = None, max_len: int = 64, n_intents: int = 2, dynamic_seq: bool = False,
+                 spin: bool = True):
         import onnxruntime as ort
 
         from edgekit.runtime.providers import check_ran, choose
@@ -138,6 +141,7 @@ class OnnxBackend:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         chosen = choose(providers or ["cpu"], serve, max_len, n_intents, dynamic_seq)
         self.dynamic_seq = dynamic_seq
         try:

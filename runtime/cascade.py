@@ -34,7 +34,7 @@ class Fallback:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"fallback_url must start with http:// or https://, got {self.url!r}")
         if not (math.isfinite(self.threshold) and 0 <= self.threshold <= 1):
-            raise ValueError(f"the cascade threshold is a confidence in [0, 1], got {self.threshold}")
+            raise ValueError(f"escalate_below: the cascade threshold is a confidence in [0, 1], got {self.threshold}")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"the fallback timeout must be > 0 seconds, got {self.timeout_s}")
         self.url = self.url.rstrip("/")

@@ -90,14 +90,15 @@ class Predictor:
     @classmethod
     def open(cls, package: str | Path | Package, runtime: str = "executorch", threads: int = 1,
              providers: list[str] | None = None, digest: str | None = None, fallback_url: str | None = None,
-             escalate_below: float | None = None, fallback_timeout_s: float | None = None) -> "Predictor":
+             escalate_below: float | None = None, fallback_timeout_s: float | None = None,
+             spin: bool = True) -> "Predictor":
         """Load a package folder for one runtime (`executorch` or `onnx`). providers: ONNX Runtime execution
         providers by short name, in order (default: the package's, else CPU); `provider` says which runs.
         digest: the sha256 of the manifest the app was tested with; any other package is refused.
         fallback_url: an `edgekit serve` server that answers when the device's confidence is below
         `escalate_below` (default: the manifest's `cascade.threshold`) within `fallback_timeout_s` (default:
         the manifest's `cascade.timeout_s`); answers then carry `escalated` (and `fallback` when the server
-        could not answer)."""
+        could not answer). spin: ONNX Runtime's threads spin-wait between calls (off on a shared server)."""
         pkg = package if isinstance(package, Package) else Package.load(package, digest=digest)
         if digest is not None and pkg.digest != digest.removeprefix("sha256:").lower():
             raise PackageError(f"{pkg.root}: package digest sha256:{pkg.digest} is not the pinned {digest}")
@@ -105,7 +106,7 @@ class Predictor:
             raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(BACKENDS)}")
         path, onnx = pkg.model_path(runtime), {}
         if runtime == "onnx":
-            onnx = onnx_options(pkg, providers)
+            onnx = onnx_options(pkg, providers) | {"spin": spin}
             names = onnx["providers"]
             if names[0] == "tensorrt" and pkg.manifest.get("tensorrt_model") and _has("TensorrtExecutionProvider"):
                 path = pkg.root / pkg.manifest["tensorrt_model"]  # TensorRT parses the unfused FP32 graph

@@ -95,6 +95,28 @@ def test_predict_json_on_built_package(tmp_path, tiny_bert):
                               "cuda"), "--provider")
     assert rep["speedup_p50"] == pytest.approx(rep["teacher_latency"]["p50_ms"] / rep["package_latency"]["p50_ms"])
     assert_one_line_error(run("bench", str(tmp_path / "nope"), "--data", str(DEMO)), "nope")
+    # splits: a name not known, one left empty, and `all` (a held-out file of the user's own, none drawn)
+    for cmd in ("eval", "bench"):
+        assert_one_line_error(run(cmd, str(out), "--data", str(DEMO), "--split", "val", "--runtime", "onnx"),
+                              "unknown --split 'val'", "all")
+    few = tmp_path / "few.txt"  # 2 utterances of 2 of the package's intents: no test split can be drawn
+    by_intent: dict = {}
+    for line in DEMO.read_text().splitlines():
+        by_intent.setdefault(json.loads(line)["intent"], []).append(line)
+    few.write_text("".join(f"{line}\n" for lines in list(by_intent.values())[:2] for line in lines[:2]))
+    for cmd in ("eval", "bench"):
+        assert_one_line_error(run(cmd, str(out), "--data", str(few), "--runtime", "onnx"), str(few),
+                              "test split is empty")
+    every = json.loads(run("eval", str(out), "--data", str(few), "--split", "all", "--format", "jsonl",
+                           "--runtime", "onnx", "--no-compare-eager").stdout)
+    assert every["n"] == 4 and every["split"] == "all", every
+    b = run("bench", str(out), "--data", str(few), "--split", "all", "--format", "jsonl", "--runtime", "onnx",
+            "--n", "5")
+    assert b.returncode == 0 and json.loads(b.stdout)["n"] == 4, b.stderr[-2000:]
+    # the cascade's flags name themselves
+    assert_one_line_error(run("predict", str(out), "hi", "--escalate-below", "0.5"), "--escalate-below", "--fallback")
+    assert_one_line_error(run("predict", str(out), "hi", "--fallback", "http://127.0.0.1:9", "--escalate-below",
+                              "1.5"), "--escalate-below: the cascade threshold is a confidence in [0, 1], got 1.5")
 
 
 def test_unknown_build_intent_is_one_line(tmp_path):
@@ -124,6 +146,37 @@ def test_bad_settings_fail_fast_with_one_line(tmp_path):
     cfg.write_text("[distill]\ntemperature = -1\n")
     assert_one_line_error(run("build", "--data", str(DEMO), "--out", str(tmp_path / "o"), "--config", str(cfg)),
                           "distill.temperature")
+
+
+def test_unreadable_profile_config_base_model_or_cache_is_one_line(tmp_path, tiny_bert):
+    import shutil
+
+    def build(*args):
+        return run("build", "--data", str(DEMO), "--out", str(tmp_path / "o"), *args)
+
+    prof = tmp_path / "p.toml"
+    for text, needles in [('extends = "android"\nbucket_percentiles = [50, 200]\n', ("bucket_percentiles", "0 to 100")),
+                          ('extends = "android"\nbench_threads = "2"\n', ("bench_threads must be int", "'2'")),
+                          ('extends = 1\n', ("extends must be",)),
+                          ('extends = "android"\nstages = ["teacher", 3]\n', ("stages must be a list of str",))]:
+        prof.write_text(text)
+        assert_one_line_error(build("--target", str(prof)), str(prof), *needles)
+    prof.write_bytes(b"name = '\xff'\n")
+    assert_one_line_error(build("--target", str(prof)), str(prof), "cannot read")
+    assert_one_line_error(build("--config", str(tmp_path)), str(tmp_path), "cannot read the --config file")
+    base = tmp_path / "base"
+    shutil.copytree(tiny_bert, base)
+    (base / "config.json").write_text("{not json")
+    assert_one_line_error(build("--base-model", str(base)), "config.json:1: invalid JSON")
+    (base / "config.json").write_text('{"hidden_size": 32}')
+    assert_one_line_error(build("--base-model", str(base)), "config.json: num_attention_heads must be a positive")
+    (base / "config.json").unlink()
+    assert_one_line_error(build("--base-model", str(base)), "config.json: missing")
+    blocked = tmp_path / "cache-file"
+    blocked.write_text("a file, not a folder")
+    assert_one_line_error(build("--base-model", str(tiny_bert), "--cache", str(blocked)), "--cache", str(blocked),
+                          "cannot write the teacher stage")
+    assert not (tmp_path / "o" / "report.json").exists()
 
 
 def test_over_budget_build_ships_the_best_try_with_exit_code_3(tmp_path, tiny_bert):

@@ -309,3 +309,15 @@ def test_quantized_build_reuses_the_teacher_and_rebuilds_int8_from_its_record(bu
     for rt in ("executorch", "onnx"):  # the threshold was set to reject 5% of dev: on test of the same order
         share = next(p for p in again["passes"] if p["name"] == "export")["extra"][rt]["extra"]["decoding"]
         assert 0 < share["rejected_share"] < 0.2
+
+
+def test_data_key_leaves_out_an_out_folder_inside_the_data_folder(tmp_path):
+    from edgekit.build.runner import _data_files
+
+    data = tmp_path / "data"
+    (data / "train").mkdir(parents=True)
+    (data / "train" / "seq.in").write_text("a b\n")
+    (data / "build").mkdir()
+    (data / "build" / "report.json").write_text("{}")  # what a build with --out data/build wrote
+    assert _data_files(str(data), str(data / "build")) == [data / "train" / "seq.in"]
+    assert len(_data_files(str(data), str(tmp_path / "elsewhere"))) == 2  # can fail: OUT elsewhere keeps them all

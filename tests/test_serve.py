@@ -101,6 +101,10 @@ def server(package):
 
 def test_predict_answers_as_the_runtime_does(server, package):
     pred = Predictor.open(package, "onnx")
+    spinning = "session.intra_op.allow_spinning"
+    assert pred.backend.session.get_session_options().get_session_config_entry(spinning) == "1"  # ORT's default, for an app
+    quiet = Predictor.open(package, "onnx", spin=False)  # as a replica opens it (ServeSettings.spin)
+    assert quiet.backend.session.get_session_options().get_session_config_entry(spinning) == "0"
     intents = pred.labels["intents"]
     for k, text in enumerate(TEXTS[:12]):
         body = {"text": text} if k % 3 else {"text": text, "allow_intents": intents[:2], "reject": False}

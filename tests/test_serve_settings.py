@@ -1,5 +1,7 @@
-"""edgekit.serve's parts that need no running Ray: its settings and where Ray's session folder goes."""
+"""edgekit.serve's parts that need no running Ray: its settings, where Ray's session folder goes, and the pool that
+makes one model call of the batches Serve formed."""
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -9,7 +11,7 @@ import pytest
 
 from edgekit import serve
 from edgekit.errors import EdgekitError
-from edgekit.serve import RAY_SOCKET_TAIL, ServeSettings, ray_temp_dir, settings_of
+from edgekit.serve import RAY_SOCKET_TAIL, Pool, ServeSettings, ray_temp_dir, settings_of
 
 
 @pytest.fixture
@@ -45,3 +47,43 @@ def test_settings_refuse_what_would_cap_batches_and_max_batch_lifts_the_request_
     s = settings_of(manifest, max_batch=128)
     assert s.max_batch == 128 and s.max_ongoing_requests == 8 * 128 and s.threads == 2
     assert settings_of(manifest, max_batch=None).max_batch == 32
+
+
+def run_pool(max_batch: int, groups: list[list[int]], cancel: int | None = None):
+    """Serve's formed batches (groups, arriving together while the model is busy) through a Pool whose model takes
+    20 ms a call -> the sizes of the model's calls and each group's answers (None: cancelled)."""
+    calls = []
+
+    async def model(items):
+        calls.append(len(items))
+        await asyncio.sleep(0.02)
+        return [-i for i in items]
+
+    async def main():
+        pool = Pool(max_batch, model)
+        tasks = [asyncio.create_task(pool.answer(g)) for g in groups]
+        if cancel is not None:
+            await asyncio.sleep(0.005)  # the first call is running
+            tasks[cancel].cancel()
+        await asyncio.wait(tasks)
+        return [None if t.cancelled() else t.result() for t in tasks]
+
+    return calls, asyncio.run(main())
+
+
+def test_pool_makes_one_model_call_of_the_batches_waiting_behind_a_busy_model():
+    groups = [[10 * g + k for k in range(3)] for g in range(6)]  # 6 batches of 3, formed while the model runs
+    calls, answers = run_pool(16, groups)
+    assert calls == [3, 15]  # the first batch alone; the other five together (Serve's own queue: 3, 3, 3, 3, 3, 3)
+    assert answers == [[-i for i in g] for g in groups]  # each caller gets its own answers, in order
+    calls, _ = run_pool(4, groups)
+    assert calls == [3, 4, 4, 4, 3] and max(calls) <= 4  # never past max_batch, oldest first
+    calls, answers = run_pool(1, groups[:2])
+    assert calls == [1] * 6 and answers == [[-i for i in g] for g in groups[:2]]  # --max-batch 1: one at a time
+
+
+def test_pool_answers_the_others_when_the_caller_holding_the_model_is_cancelled():
+    groups = [[1, 2], [3, 4], [5]]
+    calls, answers = run_pool(8, groups, cancel=0)  # cancelled during its own model call
+    assert answers[0] is None and answers[1:] == [[-3, -4], [-5]]
+    assert calls == [2, 5]  # the cancelled call's items went back to the pool, and the next call answered them

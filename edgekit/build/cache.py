@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgekit import __version__
+from edgekit.errors import EdgekitError
 
 log = logging.getLogger("edgekit")
 RESULT = "result.json"
@@ -97,8 +98,12 @@ class StageCache:
     def workdir(self, stage: str) -> Path:
         """A fresh folder for a stage's files; `put` moves it into place."""
         tmp = self.root / "tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f"{stage}.", dir=tmp))
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+            return Path(tempfile.mkdtemp(prefix=f"{stage}.", dir=tmp))
+        except OSError as e:  # a read-only cache serves its entries; a stage it lacks cannot run there
+            raise EdgekitError(f"--cache {self.root}: cannot write the {stage} stage there ({e.strerror or e}); "
+                               "give a writable --cache or set EDGEKIT_CACHE") from None
 
     def put(self, stage: str, key: str, work: Path, result: dict) -> Entry:
         """Write result.json into `work`, then rename `work` to the entry's place (atomic on one filesystem)."""

@@ -301,6 +301,9 @@ def resolve(cfg: BuildConfig) -> tuple[Target, Settings]:
             extra = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise EdgekitError(f"{path}: --config file not found") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise EdgekitError(f"{path}: cannot read the --config file ({getattr(e, 'strerror', None) or e})") \
+                from None
         except tomllib.TOMLDecodeError as e:
             raise EdgekitError(f"{path}: {e}") from None
         layers.append((str(path), extra))
@@ -310,8 +313,11 @@ def resolve(cfg: BuildConfig) -> tuple[Target, Settings]:
         table, key, value = parse_set(item)
         sets.setdefault(table, {})[key] = value
     layers.append(("--set", sets))
+    batch_from = target.source  # who asked for a batched graph, for the message below
     for origin, layer in layers:
         _check_layer(origin, layer)
+        if "batch" in layer.get("server", {}):
+            batch_from = origin
         for name, values in layer.items():
             tables[name] = merge_tables(tables[name], values)
     # The common flags come last: --seed seeds every pass. A quick teacher (steps_limit) makes a quick student.
@@ -327,8 +333,8 @@ def resolve(cfg: BuildConfig) -> tuple[Target, Settings]:
     if [STAGES.index(x) for x in stages] != sorted({STAGES.index(x) for x in stages}):
         raise EdgekitError(f"stages run in this order, each once: {', '.join(STAGES)}")
     if settings.server.batch and "executorch" in target.runtimes:
-        raise EdgekitError(f"{target.source}: server.batch needs runtimes = [\"onnx\"] (ExecuTorch packages take one "
-                           "utterance per call)")
+        raise EdgekitError(f"{batch_from}: server.batch needs a profile with runtimes = [\"onnx\"] ({target.source} "
+                           "has executorch, whose packages take one utterance per call)")
     if cfg.intents is not None and not cfg.intents:
         raise EdgekitError("--intents is empty")
     return dataclasses.replace(target, stages=stages), settings

@@ -27,7 +27,7 @@ from edgekit.build.context import RESULT_TYPES, Context, ModelResult, StageResul
 from edgekit.data import check_trainable, load_dataset
 from edgekit.errors import EdgekitError
 from edgekit.io import write_json, write_text
-from edgekit.model import default_base_model
+from edgekit.model import base_config, default_base_model
 from edgekit.report import render_markdown
 from edgekit.vocab import from_wordpiece
 from edgekit.wordpiece import WordPieceTokenizer
@@ -69,9 +69,21 @@ def choose_max_len(tokenizer, texts: list[str], cap: int, bucket_percentiles: li
                "buckets": sorted(b for b in buckets if b < L)}
 
 
-def _data_files(path: str) -> list[Path]:
-    p = Path(path)
-    return [p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file())
+def _data_files(path: str, out: str) -> list[Path]:
+    """The files the data key digests: a folder's files, less OUT's when it sits inside (each build would change
+    them, and the next would miss the cache)."""
+    p, out_dir = Path(path), Path(out).resolve()
+    return [p] if p.is_file() else sorted(x for x in p.rglob("*")
+                                          if x.is_file() and not x.resolve().is_relative_to(out_dir))
+
+
+def writable(folder: Path, flag: str) -> None:
+    """Refuse, before any work, a folder that cannot take files (read-only, a file, no permission)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise EdgekitError(f"{flag} {folder}: cannot write there ({e.strerror or e})") from None
 
 
 def prepare(cfg: BuildConfig) -> Context:
@@ -82,16 +94,12 @@ def prepare(cfg: BuildConfig) -> Context:
     data = load_dataset(cfg.data, cfg.format, cfg.seed)
     check_trainable(data)  # refuse data that cannot train or be scored now, not after the first epoch
     base = Path(cfg.base_model) if cfg.base_model else default_base_model()
-    for name in ("vocab.txt", "model.safetensors"):
-        if not (base / name).is_file():
-            raise EdgekitError(f"{base / name}: missing; the base model folder needs config.json, "
-                               "model.safetensors and vocab.txt")
+    hf = base_config(base)
     cache = StageCache(default_dir(cfg.cache))
     tokenizer, rows = from_wordpiece(WordPieceTokenizer.from_file(base / "vocab.txt").vocab,
                                      cache_dir=cache.root / "normalizer")
     texts = [ex.text for s in ("train", "dev") for ex in data.splits[s]]
-    hf = json.loads((base / "config.json").read_text()) if (base / "config.json").is_file() else {}
-    max_len, stats = choose_max_len(tokenizer, texts, hf.get("max_position_embeddings", 512), target.bucket_percentiles)
+    max_len, stats = choose_max_len(tokenizer, texts, hf["max_position_embeddings"], target.bucket_percentiles)
     pk = settings.package
     if pk.max_len:
         max_len = stats["max_len"] = pk.max_len
@@ -100,13 +108,9 @@ def prepare(cfg: BuildConfig) -> Context:
     unknown = [i for i in cfg.intents or [] if i not in data.intents]
     if unknown:
         raise EdgekitError(f"--intents: unknown intent {unknown[0]!r}; {cfg.data} has: {', '.join(data.intents)}")
-    base_files = [base / n for n in ("config.json", "model.safetensors", "vocab.txt") if (base / n).is_file()]
-    try:  # an OUT that cannot take the package is refused now, not after training (an empty OUT may stay)
-        Path(cfg.out).mkdir(parents=True, exist_ok=True)
-        tempfile.NamedTemporaryFile(dir=cfg.out).close()
-    except OSError as e:
-        raise EdgekitError(f"--out {cfg.out}: cannot write there ({e.strerror or e})") from None
-    digest = digest_files(_data_files(cfg.data) + base_files)
+    base_files = [base / n for n in ("config.json", "model.safetensors", "vocab.txt")]
+    writable(Path(cfg.out), "--out")  # refused now, not after training (an empty OUT may stay)
+    digest = digest_files(_data_files(cfg.data, cfg.out) + base_files)
     ctx = Context(cfg, settings, target, data, Path(cfg.out), max_len, stats, tokenizer, rows, target.stages,
                   cache, digest, base_model=base)
     return ctx
