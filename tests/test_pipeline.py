@@ -114,8 +114,10 @@ def test_eval_holds_out_what_the_build_held_out(built, tmp_path, monkeypatch):
     rep = json.loads((copy / "report.json").read_text())
     (copy / "report.json").write_text(json.dumps(rep | {"config": rep["config"] | {"seed": 3}}))
     seeds = []
-    real = ev.load_dataset
-    monkeypatch.setattr(ev, "load_dataset", lambda *a: seeds.append(a[2]) or real(*a))
+    import edgekit.data as data
+
+    real = data.load_dataset
+    monkeypatch.setattr(data, "load_dataset", lambda *a: seeds.append(a[2]) or real(*a))
     res = ev.evaluate_package(copy, DEMO, "onnx", compare_eager=False)
     assert seeds == [3] and res["n"] == len(real(DEMO, None, 3).splits["test"])
 

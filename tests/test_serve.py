@@ -59,6 +59,10 @@ class Server:
             try:
                 if call(self.port, "GET", "/healthz", timeout=5)[0] == 200:
                     return
+            except http.client.HTTPException:  # not HTTP: another process (a Ray worker of a test beside) took
+                self.stop()                      # the free port before Serve bound it; start again on another
+                self.__init__(package, *args)
+                return
             except OSError:
                 pass
             time.sleep(1)

@@ -125,7 +125,7 @@ def test_batch_needs_onnx_only(tmp_path, tiny_bert):
     from edgekit.build.config import resolve
     from edgekit.errors import EdgekitError
 
-    with pytest.raises(EdgekitError, match=r"^--set: server.batch needs a profile with runtimes .* devices/android"):
+    with pytest.raises(EdgekitError, match=r"^--set: server.batch needs a profile with runtimes .*devices/android"):
         resolve(BuildConfig(data=str(DEMO), out=str(tmp_path), target="android", sets=["server.batch=true"]))
     with pytest.raises(EdgekitError, match="server.precision: needs optimize"):
         resolve(BuildConfig(data=str(DEMO), out=str(tmp_path), target="android", sets=["server.precision=fp16"]))
