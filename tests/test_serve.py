@@ -47,11 +47,12 @@ def call(port, method, path, body=None, raw=None, timeout=30):
 class Server:
     """`edgekit serve` in its own process group, as a user starts it."""
 
-    def __init__(self, package, *args):
+    def __init__(self, package, *args, env=None):
         self.port = free_port()
         self.proc = subprocess.Popen([sys.executable, "-m", "edgekit.cli", "serve", str(package), "--port",
                                       str(self.port), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                     text=True, start_new_session=True,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
         deadline = time.time() + 240
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -61,7 +62,7 @@ class Server:
                     return
             except http.client.HTTPException:  # not HTTP: another process (a Ray worker of a test beside) took
                 self.stop()                      # the free port before Serve bound it; start again on another
-                self.__init__(package, *args)
+                self.__init__(package, *args, env=env)
                 return
             except OSError:
                 pass
@@ -272,12 +273,26 @@ def test_sigterm_stops_every_process_it_started(package):
     s = Server(package)
     tree = descendants(s.proc.pid)
     assert any("raylet" in " ".join(p.cmdline()) for p in tree)  # the local Ray it started
+    assert any(p.name() == "haproxy" for p in tree)  # and Serve's HAProxy ingress, the default proxy
     assert s.stop() == 0
     deadline = time.time() + 60
     while time.time() < deadline and any(p.is_running() and p.status() != "zombie" for p in tree):
         time.sleep(1)
     left = [p for p in tree if p.is_running() and p.status() != "zombie"]
     assert not left, [" ".join(p.cmdline())[:120] for p in left]
+
+
+def test_a_haproxy_that_cannot_start_leaves_the_python_proxy_serving(package):
+    s = Server(package, env={"RAY_SERVE_HAPROXY_BINARY_PATH": "/bin/false"})  # Serve runs it, and it exits at once
+    try:
+        status, out = call(s.port, "POST", "/predict", {"text": TEXTS[0]})
+        assert status == 200 and "intent" in json.loads(out)
+        # Ray started again without Serve's HAProxy manager (its process title is ray::HAProxyManager)
+        assert not any("HAProxy" in " ".join(p.cmdline()) for p in descendants(s.proc.pid))
+    finally:
+        assert s.stop() == 0
+    log = s.proc.stdout.read()
+    assert "Serve's HAProxy did not start" in log and "Python proxy answers instead" in log, log[-2000:]
 
 
 @pytest.fixture(scope="module")

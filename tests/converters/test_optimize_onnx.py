@@ -166,3 +166,31 @@ def test_intent_only_data_builds_a_server_package_whose_graph_takes_every_manife
 
 def man_intents(out) -> list[str]:
     return json.loads((out / "labels.json").read_text())["intents"]
+
+
+def test_duplicate_casts_of_onnxruntimes_older_fp16_converter_are_dropped():
+    """ONNX Runtime before 1.32 (onnxruntime-gpu is at 1.31.1) adds one Cast per FP32 consumer of an FP16 tensor,
+    all with one name and output: no session loads that graph until the copies go."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from edgekit.converters.optimize_onnx import drop_duplicate_nodes
+
+    cast = lambda: helper.make_node("Cast", ["h"], ["h_cast_to_fp32"], to=1, name="h_cast_to_fp32_node")  # noqa: E731
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16, name="to16"), cast(),
+         helper.make_node("Relu", ["h_cast_to_fp32"], ["a"], name="a"), cast(),
+         helper.make_node("Neg", ["h_cast_to_fp32"], ["b"], name="b")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("a", "b")],
+        value_info=[helper.make_tensor_value_info("h_cast_to_fp32", TensorProto.FLOAT, [2])] * 2)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(Exception, match="same node name"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert drop_duplicate_nodes(model) == 1 and len(model.graph.value_info) == 1
+    onnx.checker.check_model(model)
+    a, b = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": np.array([1.5, -2.0], np.float32)})
+    assert a.tolist() == [1.5, 0.0] and b.tolist() == [-1.5, 2.0]  # both consumers read the one Cast
+    assert drop_duplicate_nodes(model) == 0

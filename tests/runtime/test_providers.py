@@ -24,3 +24,34 @@ def test_tensorrt_profiles_cover_the_batch_axis_and_a_dynamic_sequence_axis():
 def test_cuda_memory_limit_is_the_replica_share_of_the_card():
     opts = provider_options("cuda", {"num_gpus": 0.25, "gpu_memory_gb": 24.0})
     assert opts["gpu_mem_limit"] == 6 << 30
+
+
+def test_cuda_preload_keeps_stdout_clean_and_warns_once(monkeypatch, capsys, caplog):
+    """onnxruntime-gpu's preload_dlls prints every CUDA library it misses on stdout, where `edgekit predict` and
+    `bench` write their JSON (seen with onnxruntime-gpu 1.31.1 on a machine without CUDA 13)."""
+    import onnxruntime as ort
+
+    from edgekit.runtime import providers
+
+    calls = []
+
+    def preload_dlls():
+        calls.append(1)
+        print("Failed to load libcublasLt.so.13: libcublasLt.so.13: cannot open shared object file")
+        print("Failed to load libcurand.so.10: libcurand.so.10: cannot open shared object file")
+        print("Please follow https://onnxruntime.ai/docs/install/#cuda-and-cudnn to install CUDA.")
+
+    monkeypatch.setattr(ort, "preload_dlls", preload_dlls, raising=False)
+    monkeypatch.setattr(ort, "get_available_providers",
+                        lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    providers._preload_cuda.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="edgekit.runtime"):
+            assert providers.choose(["cpu"])[0][0] == "CPUExecutionProvider" and not calls  # no GPU asked: no load
+            for _ in range(3):
+                assert providers.choose(["cuda", "cpu"])[0][0] == "CUDAExecutionProvider"
+    finally:
+        providers._preload_cuda.cache_clear()
+    assert calls == [1] and capsys.readouterr().out == ""
+    warned = [r.getMessage() for r in caplog.records if "CUDA libraries are missing" in r.getMessage()]
+    assert len(warned) == 1 and "libcublasLt.so.13, libcurand.so.10" in warned[0]

@@ -1,0 +1,158 @@
+"""What batching can buy a server on this machine: `edgekit serve PKG` batched and one request at a time
+(`--max-batch 1`), beside the same HTTP path with no model at all, each under `edgekit loadtest`.
+
+The model-free server is Ray Serve as `edgekit serve` runs it (Serve's proxy, one replica taking HTTP straight from
+it, the same request checks) whose replica answers /predict with a fixed prediction. No batching can make a
+server faster than that: every request still crosses the client, the proxy and the replica. So when its throughput
+is under 3x the one-at-a-time server's, no batching reaches 3x on these cores, whatever the model.
+
+Each variant runs on a fresh server, in turn, `--rounds` times (figures on a shared machine drift by the minute, so
+only runs side by side are compared):
+
+    python examples/serve_ceiling.py PKG ../shared/data/snips [--proxy haproxy|python] [--duration 20] [--rounds 2]
+                                     [--out build/ceiling]
+
+Writes one loadtest JSON a run and `summary.json` under --out, and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+VARIANTS = {  # name -> the server command's arguments after the package (None: the model-free server)
+    "batched": [],
+    "one at a time": ["--max-batch", "1"],
+    "no model": None,
+}
+
+
+def noop_server(package: Path, port: int, proxy: str | None) -> None:
+    """Serve a fixed prediction behind Serve's proxy, as `edgekit serve` would serve `package`; until SIGTERM."""
+    import threading
+
+    from edgekit import serve as srv
+    from edgekit.ray_env import proxy_environment, ray_temp_dir
+    from edgekit.runtime import Package
+
+    pkg = Package.load(package)
+    settings = srv.settings_of(pkg.manifest, replicas=1, autoscale=False, proxy=proxy)
+    os.environ.update(proxy_environment(settings.proxy))  # before Ray starts, as edgekit.serve.start does
+    from ray import serve
+    from starlette.responses import JSONResponse, PlainTextResponse
+
+    intents = json.loads((package / pkg.manifest["labels"]).read_text())["intents"]
+    answer = {"intent": intents[0], "confidence": 0.99, "slots": [], "tags": ["O"] * 8}
+
+    @serve.deployment(name="edgekit", max_ongoing_requests=settings.max_ongoing_requests)
+    class NoModel:
+        async def __call__(self, request):
+            path = request.url.path.rstrip("/")
+            if path == "/healthz":
+                return JSONResponse({"status": "ok", "provider": "none", "batched": False, "replica": "noop"})
+            if path == "/metrics":
+                return PlainTextResponse("")
+            body = json.loads(await request.body())
+            item = srv.check_item(body, intents, settings.max_text_chars)  # the same checks as a replica's
+            return JSONResponse(answer | {"text_chars": len(item["text"])})
+
+    import ray
+
+    stop = threading.Event()
+    ray.init(_temp_dir=str(ray_temp_dir()), include_dashboard=False, log_to_driver=False)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
+    app = NoModel.options(num_replicas=1, ray_actor_options={"num_cpus": settings.threads}).bind()
+    serve.run(app, name="edgekit", route_prefix="/", blocking=False)
+    stop.wait()
+    srv.stop()
+
+
+def wait_ready(url: str, proc: subprocess.Popen, limit_s: float = 180) -> None:
+    """Return once `url`/healthz answers 200; exit if the server dies or stays silent for `limit_s`."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited with {proc.returncode} before answering")
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise SystemExit(f"{url} did not answer within {limit_s:.0f} s")
+
+
+def one_run(variant: str, package: Path, data: Path, port: int, duration: float, out: Path, proxy: str) -> dict:
+    """Start a fresh server of `variant`, load it with `edgekit loadtest --profile high`, stop it."""
+    edgekit = Path(sys.executable).with_name("edgekit")
+    extra = VARIANTS[variant]
+    cmd = ([sys.executable, __file__, "--noop-server", str(package), "--port", str(port), "--proxy", proxy]
+           if extra is None else [str(edgekit), "serve", str(package), "--port", str(port), "--replicas", "1",
+                                  "--proxy", proxy, *extra])
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(url, proc)
+        subprocess.run([str(edgekit), "loadtest", url, "--data", str(data), "--profile", "high",
+                        "--duration", str(duration), "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    """Run the variants in turn, print a line a run and the ratios, write summary.json."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("package", type=Path)
+    ap.add_argument("data", type=Path, nargs="?")
+    ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--port", type=int, default=8431)
+    ap.add_argument("--out", type=Path, default=Path("build/ceiling"))
+    ap.add_argument("--proxy", choices=["haproxy", "python"], default="haproxy", help="Serve's proxy (all variants)")
+    ap.add_argument("--noop-server", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.noop_server:
+        return noop_server(args.package, args.port, args.proxy)
+    if args.data is None:
+        ap.error("DATA is required")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for rnd in range(1, args.rounds + 1):
+        for variant in VARIANTS:
+            name = f"{variant.replace(' ', '_')}_{rnd}.json"
+            r = one_run(variant, args.package, args.data, args.port, args.duration, args.out / name, args.proxy)
+            rows.append({"round": rnd, "variant": variant, "rps": r["throughput_rps"], "errors": r["errors"],
+                         "timeouts": r["timeouts"], "p50_ms": r["latency_ms"]["p50"], "p99_ms": r["latency_ms"]["p99"],
+                         "mean_batch": r["server"]["mean_batch_size"]})
+            print(f"round {rnd} {variant:>14}: {r['throughput_rps']:7.1f} req/s, p50 {r['latency_ms']['p50']} ms, "
+                  f"p99 {r['latency_ms']['p99']} ms, mean batch {r['server']['mean_batch_size']}, "
+                  f"{r['errors']} errors, {r['timeouts']} timeouts", flush=True)
+    ratios = []
+    for rnd in range(1, args.rounds + 1):
+        rps = {row["variant"]: row["rps"] for row in rows if row["round"] == rnd}
+        ratios.append({"round": rnd, "batched_over_one": round(rps["batched"] / rps["one at a time"], 2),
+                       "no_model_over_one": round(rps["no model"] / rps["one at a time"], 2)})
+        print(f"round {rnd}: batched / one at a time {ratios[-1]['batched_over_one']}x; the model-free ceiling / "
+              f"one at a time {ratios[-1]['no_model_over_one']}x")
+    summary = {"cpu_count": os.cpu_count(), "duration_s": args.duration, "proxy": args.proxy, "runs": rows,
+               "ratios": ratios}
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
