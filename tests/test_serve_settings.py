@@ -14,6 +14,8 @@ from edgekit.errors import EdgekitError
 from edgekit.ray_env import RAY_SOCKET_TAIL, ray_temp_dir
 from edgekit.serve import Pool, ServeSettings, in_calls, settings_of
 
+from .conftest import need_module
+
 
 @pytest.fixture
 def short_dir():
@@ -134,7 +136,7 @@ def test_sub_batches_group_similar_lengths_and_answer_in_the_callers_order():
 
 
 def test_stop_after_a_start_that_failed_before_ray_starts_nothing(monkeypatch):
-    ray = pytest.importorskip("ray")  # the serve extra; tests/test_serve.py fails in CI without it
+    ray = need_module("ray", "Ray Serve, the serve extra: pip install -e '.[serve]'")  # skips here, fails in CI
     from edgekit.serve import stop
 
     def init(*args, **kwargs):
