@@ -5,9 +5,9 @@
    were written for (same answers): the token-type row folded into the position table and the position ids
    computed from input_ids' shape (EmbedLayerNormalization), the attention mask's two-axis Unsqueeze split in
    two, and the attention scale as Div rather than Mul (Attention: the pattern takes the first Mul it finds);
-2. `onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`: fused Attention,
-   SkipLayerNormalization, EmbedLayerNormalization, BiasGelu; the fused-node counts and `is_fully_optimized()`
-   are recorded;
+2. `onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`: fused Attention (or MultiHeadAttention,
+   its Q, K, V projections left as MatMuls), SkipLayerNormalization (unless `skip_layer_norm` is off),
+   EmbedLayerNormalization, BiasGelu; the fused-node counts and `is_fully_optimized()` are recorded;
 3. precision: fp16 with `keep_io_types` (the decoding graph stays FP32: its blocked-move scores sum past FP16's
    range), or INT8 after the optimizer, so that ONNX Runtime runs its quantized attention (QAttention):
    dynamic (weights INT8, activations quantized per call) or static (QDQ MatMuls, calibrated);
@@ -27,7 +27,7 @@ from edgekit.io import atomic_path
 from edgekit.record import PassRecord
 
 PRECISIONS = ("fp32", "fp16", "int8")
-FUSED = ("Attention", "SkipLayerNormalization", "EmbedLayerNormalization", "BiasGelu")  # what a BERT graph gets
+ATTENTION_OPS = ("Attention", "MultiHeadAttention")
 
 
 @dataclass
@@ -41,6 +41,13 @@ class ServerConfig:
     precision: str = "fp32"  # after the optimizer: fp32, fp16 or int8
     int8: str = "static"  # with precision int8: "static" (answers independent of the batch) or "dynamic"
     min_agreement: float = 0.995  # answers equal to the unoptimized FP32 graph's, share of the test split
+    # The fused attention op. "Attention" takes the Q, K and V projections inside (they stay FP32 under static INT8);
+    # "MultiHeadAttention" leaves them as MatMuls before it, which static INT8 quantizes.
+    attention: str = "Attention"
+    # Residual Add + LayerNormalization fused into SkipLayerNormalization. Off, the package's sessions are told not
+    # to fuse them back at load (manifest `onnx_disabled_optimizers`): ONNX Runtime 1.32's CPU kernel of it took 10x
+    # the time of the two ops it replaces (docs/experiments.md, 2026-12-04).
+    skip_layer_norm: bool = True
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -55,6 +62,19 @@ class ServerConfig:
             raise ValueError("precision needs optimize = true (it is applied to the optimized graph)")
         if not 0 <= self.min_agreement <= 1:
             raise ValueError(f"min_agreement must be in [0, 1], got {self.min_agreement}")
+        if self.attention not in ATTENTION_OPS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_OPS)}, got {self.attention!r}")
+
+    @property
+    def disabled_optimizers(self) -> list[str]:
+        """ONNX Runtime graph optimizers a session of this graph must not run (they would undo a choice above)."""
+        return [] if self.skip_layer_norm else ["SkipLayerNormFusion"]
+
+    @property
+    def expected_fusions(self) -> list[str]:
+        """The fused ops the optimizer should find in a BERT graph, with these settings."""
+        return [self.attention, *(["SkipLayerNormalization"] if self.skip_layer_norm else []),
+                "EmbedLayerNormalization", "BiasGelu"]
 
 
 def fusable(model) -> list[str]:
@@ -154,6 +174,7 @@ def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inp
     """Optimize `src` into `dst` (see the module docstring); check both on `check_inputs`."""
     import onnx
     import onnxruntime as ort
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     from edgekit.converters.quantize_onnx import _quiet
@@ -166,7 +187,11 @@ def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inp
     with atomic_path(Path(dst).with_suffix(".prep.onnx")) as tmp:
         onnx.save(model, str(tmp))
     prep = Path(dst).with_suffix(".prep.onnx")
-    opt = _quiet(optimize_model, str(prep), model_type="bert", num_heads=0, hidden_size=0, opt_level=0)
+    options = FusionOptions("bert")
+    options.use_multi_head_attention = cfg.attention == "MultiHeadAttention"
+    options.enable_skip_layer_norm = cfg.skip_layer_norm
+    opt = _quiet(optimize_model, str(prep), model_type="bert", num_heads=0, hidden_size=0, opt_level=0,
+                 optimization_options=options)
     _keep_inputs(opt.model, model)
     fused = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
     fully = bool(_quiet(opt.is_fully_optimized))
@@ -185,7 +210,7 @@ def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inp
     extra.update(nodes_before=nodes_before, nodes_after=len(out.graph.node),
                  ops_after=dict(Counter(n.op_type for n in out.graph.node).most_common()),
                  cpu_casts_inserted=_inserted_casts(dst) if cfg.precision == "fp16" else 0)
-    extra.update(_agreement(src, dst, check_inputs, cfg.batch, cfg.seq == "dynamic"))
+    extra.update(_agreement(src, dst, check_inputs, cfg.batch, cfg.seq == "dynamic", cfg.disabled_optimizers))
     rec = PassRecord("optimize_onnx", bytes_before=Path(src).stat().st_size, bytes_after=Path(dst).stat().st_size,
                      seconds=time.perf_counter() - t0, extra=extra)
     if extra.get("batch_parity", {}).get("agree", 1.0) < 1.0:
@@ -193,7 +218,7 @@ def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inp
                             "equal the one-by-one ones (dynamic INT8 quantizes a batch with one scale)")
     if extra.get("trim_parity", {}).get("agree", 1.0) < 1.0:
         rec.warnings.append(f"inputs cut to their own length answer differently: {extra['trim_parity']}")
-    missing = [k for k in FUSED if not fused.get(k)]
+    missing = [k for k in cfg.expected_fusions if not fused.get(k)]
     if missing:
         rec.warnings.append(f"the transformer optimizer fused no {', '.join(missing)}")
     if cfg.precision == "fp16" and extra["agreement"] < cfg.min_agreement:
@@ -287,7 +312,7 @@ def _inserted_casts(path: Path) -> int:
 
 
 def _agreement(src: Path, dst: Path, check_inputs: list[list[np.ndarray]], batch: bool,
-               dynamic_seq: bool = False) -> dict:
+               dynamic_seq: bool = False, disabled_optimizers: list[str] | None = None) -> dict:
     """Share of `check_inputs` on which `dst` answers as `src` (`same_answer`, per-piece outputs on the real
     pieces); with `batch`, also `dst` in batches of 32 against itself one by one (dynamic INT8 quantizes a batch's
     activations with one scale, so an answer may depend on its batch); with `dynamic_seq`, also `dst` on inputs
@@ -295,7 +320,7 @@ def _agreement(src: Path, dst: Path, check_inputs: list[list[np.ndarray]], batch
     from edgekit.converters.parity import batch_parity, same_answer, trim_parity
     from edgekit.runtime.backends import OnnxBackend
 
-    a, b = OnnxBackend(src), OnnxBackend(dst)
+    a, b = OnnxBackend(src), OnnxBackend(dst, disabled_optimizers=disabled_optimizers)
     singles = [b.run(*x) for x in check_inputs]
     same, diff = 0, 0.0
     for x, got in zip(check_inputs, singles):

@@ -4,7 +4,8 @@ Threads, one keep-alive `http.client.HTTPConnection` each, so a request's latenc
 fresh TCP handshake's. Steady profiles keep exactly `concurrency` requests in flight until the deadline; the
 burst profile releases `concurrency` requests at one instant (a Barrier), waits for all of them, idles, repeats.
 The server's own batching figures come from two scrapes of /metrics, before and after: their difference is
-this run's batches only, whatever the server did before.
+this run's batches only, whatever the server did before. Behind Serve's proxy one scrape reaches one replica, so
+each scrape is repeated (a new connection each time) until every replica /healthz counts has answered.
 """
 
 from __future__ import annotations
@@ -109,9 +110,29 @@ def _buckets(metrics: dict[str, float]) -> dict[float, float]:
     return out
 
 
+def replicas_in(metrics: dict[str, float] | None) -> set[str]:
+    """The replica labels a (merged) scrape holds."""
+    return {lab["replica"] for lab, _ in _series(metrics or {}, "edgekit_provider_info") if "replica" in lab}
+
+
+def scrape_all(get, replicas: int, tries_each: int = 4) -> dict[str, float] | None:
+    """Scrapes of /metrics merged until `replicas` replica labels were seen (each replica writes its own series,
+    labelled, so they merge without clashing), at most `tries_each` x replicas tries. get: () -> one scrape or
+    None."""
+    merged = None
+    for _ in range(max(1, tries_each * replicas)):
+        one = get()
+        if one is not None:
+            merged = {**(merged or {}), **one}
+            if not replicas_in(one) or len(replicas_in(merged)) >= replicas:  # unlabelled: one scrape is all
+                break
+    return merged
+
+
 def server_summary(before: dict[str, float] | None, after: dict[str, float] | None) -> dict:
     """This run's batching from two scrapes: mean batch size, non-cumulative histogram, mean queue time."""
-    summary = {"mean_batch_size": None, "batch_histogram": None, "mean_queue_ms": None, "provider": None}
+    summary = {"mean_batch_size": None, "batch_histogram": None, "mean_queue_ms": None, "provider": None,
+               "replicas_seen": len(replicas_in(after)) or None}
     if after is None:
         return summary
     before = before or {}
@@ -231,18 +252,25 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
         return _Client(host, port, timeout_s)
 
     try:
-        status, _ = client().get(base + "/healthz")
+        status, health = client().get(base + "/healthz")
     except (OSError, http.client.HTTPException) as e:
         raise EdgekitError(f"{url} is not answering ({type(e).__name__}: {e}); is `edgekit serve` running?") from None
     if status != 200:
         raise EdgekitError(f"{url}/healthz answered HTTP {status}; the server is not ready")
+    try:
+        replicas = int(json.loads(health).get("replicas") or 1)
+    except (ValueError, TypeError, AttributeError):  # not an edgekit server's health: scrape once
+        replicas = 1
 
-    def scrape():
+    def scrape_one():
         try:
             status, body = client().get(base + "/metrics")
         except (OSError, http.client.HTTPException):
             return None
         return parse_metrics(body.decode("utf-8", "replace")) if status == 200 else None
+
+    def scrape():
+        return scrape_all(scrape_one, replicas)
 
     before = scrape()
     counter, lock = itertools.count(), threading.Lock()
@@ -312,7 +340,7 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
         "latency_ms": {"p50": _percentile(latencies, 0.5), "p90": _percentile(latencies, 0.9),
                        "p99": _percentile(latencies, 0.99),
                        "mean": round(sum(latencies) / len(latencies), 3) if latencies else None},
-        "server": server_summary(before, after),
+        "server": server_summary(before, after) | {"replicas": replicas},
         "first_error": first_error,
     }
 
@@ -354,6 +382,7 @@ def render(result: dict) -> Table:
          if hist else "-"),
         ("mean queue time (ms)", num(srv["mean_queue_ms"])),
         ("provider", srv["provider"] or "-"),
+        ("replicas in these figures", f"{srv.get('replicas_seen') or '-'} of {srv.get('replicas') or '-'}"),
     ]
     if result["first_error"]:
         rows.append(("first error", result["first_error"]))

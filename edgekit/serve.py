@@ -34,7 +34,7 @@ class ServeSettings:
     max_batch: int = 32  # @serve.batch max_batch_size, and the most texts one /predict_batch call may send
     batch_wait_ms: float = 5.0  # how long a batch waits to fill
     max_ongoing_requests: int = 256  # per replica: well above max_batch, or batches stay small (Ray's default 5)
-    replicas: int = 1  # fixed replica count when autoscale is false
+    replicas: int = 1  # fixed replica count when autoscale is false; 0: one per `threads` CPUs of the Ray cluster
     autoscale: bool = False
     min_replicas: int = 1
     max_replicas: int = 4
@@ -61,7 +61,7 @@ class ServeSettings:
         bad = [p for p in self.providers if p not in PROVIDERS]
         if bad or not self.providers:
             raise ValueError(f"providers must be some of {', '.join(PROVIDERS)}, got {self.providers}")
-        for name in ("max_batch", "max_ongoing_requests", "replicas", "min_replicas", "max_replicas",
+        for name in ("max_batch", "max_ongoing_requests", "min_replicas", "max_replicas",
                      "target_ongoing_requests", "threads", "max_text_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -70,9 +70,18 @@ class ServeSettings:
                              f"{self.max_ongoing_requests}: fewer would cap every batch")
         if self.max_replicas < self.min_replicas:
             raise ValueError(f"max_replicas must be >= min_replicas ({self.min_replicas}), got {self.max_replicas}")
-        for name in ("batch_wait_ms", "num_gpus", "gpu_memory_gb", "timeout_s", "sub_batch"):
+        for name in ("replicas", "batch_wait_ms", "num_gpus", "gpu_memory_gb", "timeout_s", "sub_batch"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+def replica_count(settings: ServeSettings, cpus: float) -> ServeSettings:
+    """`replicas = 0` made a count: one replica per `threads` of the cluster's `cpus` (at least one). On a CPU a
+    replica of one thread each answered more than one replica of every thread (docs/experiments.md, 2026-12-04:
+    its own event loop, and ONNX Runtime's threads need no waking); a fixed count or autoscaling stays as it is."""
+    if settings.replicas or settings.autoscale:
+        return settings
+    return replace(settings, replicas=max(1, int(cpus) // settings.threads))
 
 
 class BadRequest(Exception):
@@ -233,9 +242,9 @@ def application(package: Path, settings: ServeSettings):
             return out
 
         async def _route(self, request, path: str):
-            if path == "/healthz":
+            if path == "/healthz":  # replicas: how many a client scrapes /metrics for (autoscaling: at most)
                 return JSONResponse({"status": "ok", "provider": self.pred.provider, "batched": self.pred.batched,
-                                     "replica": self.id})
+                                     "replica": self.id, "replicas": s.max_replicas if s.autoscale else s.replicas})
             if path == "/metrics":
                 return PlainTextResponse(self.metrics.text(self.id), media_type="text/plain; version=0.0.4")
             if request.method != "POST":
@@ -289,8 +298,9 @@ def application(package: Path, settings: ServeSettings):
 
 
 def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
-          address: str | None = None, after_init=None, app=None) -> None:
-    """Start Ray (or join the cluster at `address`) and Serve, and deploy the package. Returns when it answers.
+          address: str | None = None, after_init=None, app=None) -> ServeSettings:
+    """Start Ray (or join the cluster at `address`) and Serve, and deploy the package. Returns, once it answers,
+    the settings it runs with (`replicas = 0` counted, the proxy that started).
     after_init: called once Ray is up (ray.init replaces the process's SIGTERM handler; the caller's goes back).
     app: a bound Serve application to deploy instead (examples/serve_ceiling.py's model-free server).
     A cluster we join keeps the proxy it was started with (RAY_SERVE_ENABLE_HA_PROXY on every node)."""
@@ -309,6 +319,7 @@ def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port:
     ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, **kwargs)
     if after_init:
         after_init()
+    settings = replica_count(settings, ray.cluster_resources().get("CPU", 1))
     if settings.num_gpus and not ray.cluster_resources().get("GPU"):
         # Ray would wait forever for a GPU to place the replicas on
         log.warning("this Ray cluster has no GPU: replicas run without one (num_gpus 0)")
@@ -324,6 +335,7 @@ def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port:
         stop()
         return start(package, replace(settings, proxy="python"), host, port, address, after_init, app)
     serve.run(app or application(package, settings), name="edgekit", route_prefix="/", blocking=False)
+    return settings
 
 
 def stop(address: str | None = None) -> None:
@@ -353,7 +365,8 @@ def stop(address: str | None = None) -> None:
 def describe(settings: ServeSettings, address: str | None = None) -> str:
     d = asdict(settings)
     scale = (f"{d['min_replicas']}-{d['max_replicas']} replicas (autoscaling)" if d["autoscale"]
-             else f"{d['replicas']} replica{'s' * (d['replicas'] > 1)}")
+             else f"{d['replicas']} replica{'s' * (d['replicas'] > 1)}" if d["replicas"]
+             else f"a replica per {d['threads']} CPU{'s' * (d['threads'] > 1)} of the cluster")
     proxy = "the cluster's" if address else d["proxy"]
     return (f"{scale}, max batch {d['max_batch']}, wait {d['batch_wait_ms']} ms, providers "
             f"{'/'.join(d['providers'])}, {d['threads']} thread(s) per replica, {proxy} proxy")

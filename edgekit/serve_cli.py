@@ -67,9 +67,9 @@ def serve(
     on_signal()
     try:
         typer.echo(f"starting Ray Serve: {srv.describe(settings, address)}", err=True)
-        srv.start(package, settings, host, port, address, after_init=on_signal)
-        typer.echo(f"serving {package} at http://{host}:{port} (POST /predict, /predict_batch; GET /healthz, "
-                   "/metrics); Ctrl-C stops", err=True)
+        settings = srv.start(package, settings, host, port, address, after_init=on_signal)
+        typer.echo(f"serving {package} at http://{host}:{port} with {srv.describe(settings, address)} (POST "
+                   "/predict, /predict_batch; GET /healthz, /metrics); Ctrl-C stops", err=True)
         stop.wait()
     finally:
         typer.echo("stopping", err=True)

@@ -1,8 +1,8 @@
 """What batching can buy a server on this machine: `edgekit serve PKG` batched and one request at a time
 (`--max-batch 1`), beside the same HTTP path with no model at all, each under `edgekit loadtest`.
 
-The model-free server is Ray Serve as `edgekit serve` runs it (Serve's proxy, one replica taking HTTP straight from
-it, the same request checks) whose replica answers /predict with a fixed prediction. No batching can make a
+The model-free server is Ray Serve as `edgekit serve` runs it (Serve's proxy, as many replicas taking HTTP straight
+from it, the same request checks) whose replicas answer /predict with a fixed prediction. No batching can make a
 server faster than that: every request still crosses the client, the proxy and the replica. So when its throughput
 is under 3x the one-at-a-time server's, no batching reaches 3x on these cores, whatever the model.
 
@@ -10,7 +10,9 @@ Each variant runs on a fresh server, in turn, `--rounds` times (figures on a sha
 only runs side by side are compared):
 
     python examples/serve_ceiling.py PKG ../shared/data/snips [--proxy haproxy|python] [--duration 20] [--rounds 2]
-                                     [--out build/ceiling]
+                                     [--replicas N] [--threads N] [--out build/ceiling]
+
+--replicas and --threads (default: the package's, as `edgekit serve` runs it) apply to all three servers.
 
 Writes one loadtest JSON a run and `summary.json` under --out, and prints a table.
 """
@@ -34,7 +36,7 @@ VARIANTS = {  # name -> the server command's arguments after the package (None: 
 }
 
 
-def noop_server(package: Path, port: int, proxy: str | None) -> None:
+def noop_server(package: Path, port: int, proxy: str | None, replicas: int | None, threads: int | None) -> None:
     """Serve a fixed prediction behind Serve's proxy, as `edgekit serve` would serve `package`; until SIGTERM."""
     import threading
 
@@ -45,7 +47,9 @@ def noop_server(package: Path, port: int, proxy: str | None) -> None:
     from edgekit.runtime import Package
 
     pkg = Package.load(package)
-    settings = srv.settings_of(pkg.manifest, replicas=1, autoscale=False, proxy=proxy)
+    # as many replicas as `edgekit serve` starts for this package on this machine (a local Ray has its CPUs)
+    settings = srv.settings_of(pkg.manifest, autoscale=False, proxy=proxy, replicas=replicas, threads=threads)
+    settings = srv.replica_count(settings, os.cpu_count() or 1)
     intents = json.loads((package / pkg.manifest["labels"]).read_text())["intents"]
     answer = {"intent": intents[0], "confidence": 0.99, "slots": [], "tags": ["O"] * 8}
 
@@ -67,7 +71,7 @@ def noop_server(package: Path, port: int, proxy: str | None) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
 
-    app = NoModel.options(num_replicas=1, ray_actor_options={"num_cpus": settings.threads}).bind()
+    app = NoModel.options(num_replicas=settings.replicas, ray_actor_options={"num_cpus": settings.threads}).bind()
     srv.start(package, settings, port=port, after_init=on_signal, app=app)  # the same Ray, proxy and fallback
     stop.wait()
     srv.stop()
@@ -89,13 +93,15 @@ def wait_ready(url: str, proc: subprocess.Popen, limit_s: float = 180) -> None:
     raise SystemExit(f"{url} did not answer within {limit_s:.0f} s")
 
 
-def one_run(variant: str, package: Path, data: Path, port: int, duration: float, out: Path, proxy: str) -> dict:
-    """Start a fresh server of `variant`, load it with `edgekit loadtest --profile high`, stop it."""
+def one_run(variant: str, package: Path, data: Path, port: int, duration: float, out: Path, proxy: str,
+            layout: list[str]) -> dict:
+    """Start a fresh server of `variant`, load it with `edgekit loadtest --profile high`, stop it.
+    layout: --replicas / --threads arguments for the server."""
     edgekit = Path(sys.executable).with_name("edgekit")
     extra = VARIANTS[variant]
-    cmd = ([sys.executable, __file__, "--noop-server", str(package), "--port", str(port), "--proxy", proxy]
-           if extra is None else [str(edgekit), "serve", str(package), "--port", str(port), "--replicas", "1",
-                                  "--proxy", proxy, *extra])
+    cmd = ([sys.executable, __file__, "--noop-server", str(package), "--port", str(port), "--proxy", proxy, *layout]
+           if extra is None else [str(edgekit), "serve", str(package), "--port", str(port), "--proxy", proxy,
+                                  *layout, *extra])
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -121,10 +127,14 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8431)
     ap.add_argument("--out", type=Path, default=Path("build/ceiling"))
     ap.add_argument("--proxy", choices=["haproxy", "python"], default="haproxy", help="Serve's proxy (all variants)")
+    ap.add_argument("--replicas", type=int, help="replicas of every server (default: the package's)")
+    ap.add_argument("--threads", type=int, help="ONNX Runtime threads per replica (default: the package's)")
     ap.add_argument("--noop-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.noop_server:
-        return noop_server(args.package, args.port, args.proxy)
+        return noop_server(args.package, args.port, args.proxy, args.replicas, args.threads)
+    layout = [*(["--replicas", str(args.replicas)] if args.replicas else []),
+              *(["--threads", str(args.threads)] if args.threads else [])]
     if args.data is None:
         ap.error("DATA is required")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -132,10 +142,12 @@ def main() -> None:
     for rnd in range(1, args.rounds + 1):
         for variant in VARIANTS:
             name = f"{variant.replace(' ', '_')}_{rnd}.json"
-            r = one_run(variant, args.package, args.data, args.port, args.duration, args.out / name, args.proxy)
+            r = one_run(variant, args.package, args.data, args.port, args.duration, args.out / name, args.proxy,
+                        layout)
             rows.append({"round": rnd, "variant": variant, "rps": r["throughput_rps"], "errors": r["errors"],
                          "timeouts": r["timeouts"], "p50_ms": r["latency_ms"]["p50"], "p99_ms": r["latency_ms"]["p99"],
-                         "mean_batch": r["server"]["mean_batch_size"]})
+                         "mean_batch": r["server"]["mean_batch_size"],
+                         "replicas_seen": r["server"].get("replicas_seen")})
             print(f"round {rnd} {variant:>14}: {r['throughput_rps']:7.1f} req/s, p50 {r['latency_ms']['p50']} ms, "
                   f"p99 {r['latency_ms']['p99']} ms, mean batch {r['server']['mean_batch_size']}, "
                   f"{r['errors']} errors, {r['timeouts']} timeouts", flush=True)
@@ -146,7 +158,8 @@ def main() -> None:
                        "no_model_over_one": round(rps["no model"] / rps["one at a time"], 2)})
         print(f"round {rnd}: batched / one at a time {ratios[-1]['batched_over_one']}x; the model-free ceiling / "
               f"one at a time {ratios[-1]['no_model_over_one']}x")
-    summary = {"cpu_count": os.cpu_count(), "duration_s": args.duration, "proxy": args.proxy, "runs": rows,
+    summary = {"cpu_count": os.cpu_count(), "duration_s": args.duration, "proxy": args.proxy,
+               "replicas": args.replicas, "threads": args.threads, "runs": rows,
                "ratios": ratios}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 

@@ -126,13 +126,15 @@ class OnnxBackend:
     dynamic_seq: the graph's sequence axis is dynamic (the manifest's `seq_axis`): each call's input_ids and
     attention_mask are cut to its longest utterance, so a short batch does not pay for the package's max_len.
     spin: the intra-op threads spin-wait between calls (ORT's default). Off where other processes share the cores,
-    as on a server: the spinning takes the cores its proxy and request handling need."""
+    as on a server: the spinning takes the cores its proxy and request handling need.
+    disabled_optimizers: ONNX Runtime graph optimizers not to run at load (the manifest's
+    `onnx_disabled_optimizers`: a fusion the build left out on purpose stays out)."""
 
     name = "onnx"
 
     def __init__(self, path: str | Path, threads: int = 1, providers: list[str] | None = None,
                  serve: dict | None = None, max_len: int = 64, n_intents: int = 2, dynamic_seq: bool = False,
-                 spin: bool = True):
+                 spin: bool = True, disabled_optimizers: list[str] | None = None):
         import onnxruntime as ort
 
         from edgekit.runtime.providers import check_ran, choose
@@ -146,7 +148,8 @@ class OnnxBackend:
         self.dynamic_seq = dynamic_seq
         try:
             self.session = ort.InferenceSession(str(path), so, providers=[p for p, _ in chosen],
-                                                provider_options=[o for _, o in chosen])
+                                                provider_options=[o for _, o in chosen],
+                                                disabled_optimizers=disabled_optimizers or [])
         except Exception as e:  # onnxruntime's own exception types (InvalidProtobuf, Fail, ...) share no base
             if type(e).__module__.startswith("onnxruntime"):
                 raise PackageError(f"{Path(path).name}: ONNX Runtime cannot load it ({_first_line(e)})") from None

@@ -71,10 +71,12 @@ def _has(provider: str) -> bool:
 
 def onnx_options(pkg: Package, providers: list[str] | None = None) -> dict:
     """ONNX Runtime's session settings for a package's graphs: providers by short name, in order (default: the
-    package's, else CPU), with what their options need (the serve table, lengths, the dynamic sequence axis)."""
+    package's, else CPU), with what their options need (the serve table, lengths, the dynamic sequence axis), and
+    the graph optimizers the build left out on purpose."""
     serve = pkg.manifest.get("serve") or {}
     return {"providers": providers or serve.get("providers") or ["cpu"], "serve": serve, "max_len": pkg.max_len,
-            "n_intents": len(pkg.labels["intents"]), "dynamic_seq": pkg.dynamic_seq}
+            "n_intents": len(pkg.labels["intents"]), "dynamic_seq": pkg.dynamic_seq,
+            "disabled_optimizers": pkg.manifest.get("onnx_disabled_optimizers", [])}
 
 
 class Predictor:

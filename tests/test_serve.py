@@ -98,7 +98,7 @@ def package(tmp_path_factory, tiny_bert):
 
 @pytest.fixture(scope="module")
 def server(package):
-    s = Server(package)
+    s = Server(package, "--replicas", "1")  # one replica: every request of these tests reaches the /metrics read
     yield s
     if s.proc.poll() is None:
         s.stop()
@@ -309,7 +309,9 @@ def cluster():
 def test_two_replicas_on_a_two_node_cluster(cluster, package):
     from ray import serve
 
-    s = Server(package, "--address", cluster.address, "--replicas", "2")
+    from edgekit import loadtest as lt
+
+    s = Server(package, "--address", cluster.address)  # server-cpu: a replica per CPU of the cluster, so 2
     try:
         ray.init(address=cluster.address, logging_level="ERROR")
         try:  # the second replica may still be loading the package when the first answers /healthz
@@ -324,5 +326,9 @@ def test_two_replicas_on_a_two_node_cluster(cluster, package):
         assert states.get("RUNNING") == 2, states  # one per node: each node has one CPU, each replica takes one
         status, out = call(s.port, "POST", "/predict_batch", {"texts": TEXTS[:16]})
         assert status == 200 and len(json.loads(out)["results"]) == 16
+        assert json.loads(call(s.port, "GET", "/healthz")[1])["replicas"] == 2
+        res = lt.run(s.url, TEXTS, "low", duration_s=3, timeout_s=60, progress=False)
+        assert res["errors"] == 0 and res["server"]["replicas_seen"] == 2, res["server"]  # /metrics of both
+        assert sum(int(k) * v for k, v in res["server"]["batch_histogram"].items() if k != "+Inf") >= res["ok"]
     finally:
         assert s.stop() == 0

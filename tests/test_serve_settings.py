@@ -52,6 +52,27 @@ def test_settings_refuse_what_would_cap_batches_and_max_batch_lifts_the_request_
     assert settings_of(manifest, max_batch=None).max_batch == 32
 
 
+def test_replicas_0_is_a_replica_per_threads_cpus_and_a_fixed_count_or_autoscaling_stays():
+    from edgekit.serve import describe, replica_count
+
+    with pytest.raises(ValueError, match="replicas must be >= 0"):
+        ServeSettings(replicas=-1)
+    auto = ServeSettings(replicas=0, threads=1)
+    assert replica_count(auto, 2.0).replicas == 2 and replica_count(auto, 16.0).replicas == 16
+    assert replica_count(ServeSettings(replicas=0, threads=2), 7.0).replicas == 3
+    assert replica_count(ServeSettings(replicas=0, threads=4), 2.0).replicas == 1  # never none
+    assert replica_count(ServeSettings(replicas=3), 16.0).replicas == 3
+    scaling = ServeSettings(replicas=0, autoscale=True)
+    assert replica_count(scaling, 16.0) == scaling
+    assert "a replica per 1 CPU of the cluster" in describe(auto)
+    assert describe(replica_count(auto, 2.0)).startswith("2 replicas")
+    # the server-cpu profile asks for it: one thread a replica
+    from edgekit.targets import load_target
+
+    serve = load_target("server-cpu").tables["serve"]
+    assert serve["replicas"] == 0 and serve["threads"] == 1
+
+
 def run_pool(max_batch: int, groups: list[list[int]], cancel: int | None = None):
     """Serve's formed batches (groups, arriving together while the model is busy) through a Pool whose model takes
     20 ms a call -> the sizes of the model's calls and each group's answers (None: cancelled)."""

@@ -88,9 +88,11 @@ def runtime_answers(ctx: Context, runtime: str, path: Path, decoding: bool, reje
     from edgekit.runtime.backends import BACKENDS
     from edgekit.runtime.predictor import Predictor
 
-    dynamic = runtime == "onnx" and ctx.settings.server.seq == "dynamic"  # inputs cut as the runtime cuts them
-    p = Predictor(BACKENDS[runtime](path, **({"dynamic_seq": True} if dynamic else {})), ctx.tokenizer, ctx.labels, ctx.max_len, decoding,
-                  runtime == "onnx" and ctx.settings.server.batch)
+    server = ctx.settings.server
+    # as the package's sessions will run it: inputs cut as the runtime cuts them, the same optimizers left out
+    onnx = {"dynamic_seq": server.seq == "dynamic", "disabled_optimizers": server.disabled_optimizers}
+    p = Predictor(BACKENDS[runtime](path, **(onnx if runtime == "onnx" else {})), ctx.tokenizer, ctx.labels,
+                  ctx.max_len, decoding, runtime == "onnx" and server.batch)
     return [p.predict(ex.text, warn=False, reject=reject) for ex in ctx.data.splits["test"]]
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from edgekit.build import BuildConfig, build
 from edgekit.runtime import Package, Predictor
+from edgekit.runtime.backends import OnnxBackend
 
 from ..conftest import DEMO
 
@@ -33,9 +34,12 @@ def test_server_graph_is_batched_and_fully_fused(server_cpu):
     rep, fuse = fuse_record(server_cpu)
     for graph in ("onnx", "onnx_raw"):
         fused = fuse["extra"][graph]["fused"]
-        for op in ("Attention", "SkipLayerNormalization", "EmbedLayerNormalization", "BiasGelu"):
+        # server-cpu: MultiHeadAttention (Q, K, V projections left as MatMuls, for INT8) and no SkipLayerNormalization
+        for op in ("MultiHeadAttention", "EmbedLayerNormalization", "BiasGelu", "LayerNormalization"):
             assert fused.get(op), (graph, op, fused)
+        assert not fused.get("Attention") and not fused.get("SkipLayerNormalization"), fused
         assert fuse["extra"][graph]["fully_optimized"]
+        assert not any("fused no" in w for w in fuse["warnings"]), fuse["warnings"]
     # static INT8 after the optimizer: activations and weights of the MatMuls (QDQ pairs), the decoding graph FP32
     int8 = fuse["extra"]["onnx"]["int8"]
     assert int8["mode"] == "static" and int8["quantized_ops"].get("QuantizeLinear")
@@ -47,6 +51,7 @@ def test_server_graph_is_batched_and_fully_fused(server_cpu):
     assert fuse["extra"]["onnx"]["trim_parity"]["agree"] == 1.0  # the shipped INT8 graph too
 
     man = json.loads((server_cpu / "manifest.json").read_text())
+    assert man["onnx_disabled_optimizers"] == ["SkipLayerNormFusion"]  # ORT must not fuse them back at load
     assert man["inputs"][0]["shape"][0] == "batch" and man["inputs"][3]["shape"][0] == "batch"
     assert man["serve"]["max_batch"] == 32 and man["serve"]["providers"] == ["cpu"]
     assert man["seq_axis"] == "dynamic"
@@ -55,10 +60,48 @@ def test_server_graph_is_batched_and_fully_fused(server_cpu):
     assert batches["provider"] == "CPUExecutionProvider" and all(batches[b]["per_second"] > 0 for b in ("1", "8"))
 
 
+def test_static_int8_quantizes_the_projections_of_multi_head_attention(server_cpu):
+    import onnx
+
+    graph = onnx.load(str(server_cpu / "model.onnx")).graph
+    made_by = {o: n for n in graph.node for o in n.output}
+    attention = [n for n in graph.node if n.op_type == "MultiHeadAttention"]
+    assert len(attention) == 2 and not any(n.op_type == "SkipLayerNormalization" for n in graph.node)
+    for node in attention:  # query, key, value: each an INT8 MatMul (both its inputs come out of a DequantizeLinear)
+        for name in node.input[:3]:
+            dq = made_by[name]  # the MatMul's output is quantized too: MatMul -> QuantizeLinear -> DequantizeLinear
+            assert dq.op_type == "DequantizeLinear" and made_by[dq.input[0]].op_type == "QuantizeLinear"
+            matmul = made_by[made_by[dq.input[0]].input[0]]
+            assert matmul.op_type == "MatMul", (node.name, matmul.op_type)
+            assert all(made_by[i].op_type == "DequantizeLinear" for i in matmul.input), matmul.name
+
+
+def test_the_package_session_does_not_fuse_skip_layer_norm_back(server_cpu, tmp_path, monkeypatch):
+    import onnx
+    import onnxruntime as ort
+
+    real, saved = ort.InferenceSession, []
+
+    def spy(path, so, *args, **kwargs):  # keep the graph as the session optimized it
+        so.optimized_model_filepath = str(tmp_path / f"session{len(saved)}.onnx")
+        saved.append(so.optimized_model_filepath)
+        return real(path, so, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", spy)
+    pred = Predictor.open(server_cpu, "onnx")  # as edgekit serve opens it: the manifest's onnx_disabled_optimizers
+    plain = OnnxBackend(server_cpu / "model.onnx")  # the same graph without them: ONNX Runtime fuses at load
+    ops = [{n.op_type for n in onnx.load(f).graph.node} for f in saved]
+    assert "SkipLayerNormalization" not in ops[0] and "LayerNormalization" in ops[0]
+    assert "SkipLayerNormalization" in ops[1]
+    x = pred.inputs(pred.encode("wake me up at seven"))
+    for a, b in zip(pred.backend.run(*x), plain.run(*x)):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+
+
 def test_dynamic_int8_quantizes_the_fused_attention(tmp_path, tiny_bert, server_cpu):
     out = tmp_path / "dyn"
     build(BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), target="server-cpu", stages=STAGES,
-                      settings=SETTINGS, sets=['server.int8="dynamic"']))
+                      settings=SETTINGS, sets=['server.int8="dynamic"', 'server.attention="Attention"']))
     int8 = fuse_record(out)[1]["extra"]["onnx"]["int8"]
     assert int8["mode"] == "dynamic" and int8["quantized_ops"].get("QAttention") == 2
 
