@@ -38,9 +38,10 @@ def weight_matmuls(model) -> list[str]:
 
 
 def quantize_onnx(src: str | Path, dst: str | Path, cfg: QuantizeConfig, calib: list[list[np.ndarray]],
-                  exclude: list[str] | None = None) -> PassRecord:
+                  exclude: list[str] | None = None, float_outputs: bool = False) -> PassRecord:
     """Write the INT8 QDQ model of `src` to `dst`. calib: the graph's inputs, one list per utterance, in the
-    graph's input order. exclude: MatMul/Gemm node names left FP32."""
+    graph's input order. exclude: MatMul/Gemm node names left FP32. float_outputs: the MatMuls' outputs are not
+    quantized again (ONNX Runtime runs them as MatMulIntegerToFloat, no requantization)."""
     import onnx
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -70,6 +71,8 @@ def quantize_onnx(src: str | Path, dst: str | Path, cfg: QuantizeConfig, calib: 
     method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
               "entropy": CalibrationMethod.Entropy}[cfg.method]
     extra = {"CalibPercentile": cfg.percentile} if cfg.method == "percentile" else {}
+    if float_outputs:
+        extra["OpTypesToExcludeOutputQuantization"] = ["MatMul"]
     warnings, used = [], cfg.method
     with atomic_path(dst) as tmp:
         try:
@@ -79,7 +82,8 @@ def quantize_onnx(src: str | Path, dst: str | Path, cfg: QuantizeConfig, calib: 
             # for data range"); min/max calibration has no histogram.
             warnings.append(f"ONNX Runtime {cfg.method} calibration failed ({e}); used minmax")
             used = "minmax"
-            _run(quantize_static, src, tmp, Reader(), CalibrationMethod.MinMax, nodes, {}, QuantFormat, QuantType)
+            extra.pop("CalibPercentile", None)
+            _run(quantize_static, src, tmp, Reader(), CalibrationMethod.MinMax, nodes, extra, QuantFormat, QuantType)
     emb = _quantize_embedding(dst, cfg) if cfg.embedding_bits == 4 else None
     out = onnx.load(str(dst))
     return PassRecord("quantize_onnx", bytes_before=Path(src).stat().st_size, bytes_after=Path(dst).stat().st_size,
