@@ -9,8 +9,8 @@
    its Q, K, V projections left as MatMuls), SkipLayerNormalization (unless `skip_layer_norm` is off),
    EmbedLayerNormalization, BiasGelu; the fused-node counts and `is_fully_optimized()` are recorded;
 3. precision: fp16 with `keep_io_types` (the decoding graph stays FP32: its blocked-move scores sum past FP16's
-   range), or INT8 after the optimizer, so that ONNX Runtime runs its quantized attention (QAttention):
-   dynamic (weights INT8, activations quantized per call) or static (QDQ MatMuls, calibrated);
+   range), or INT8 after the optimizer: dynamic (weights INT8, activations quantized per call, the fused Attention
+   as QAttention) or static (QDQ MatMuls, calibrated; with MultiHeadAttention its Q, K, V projections too);
 4. the answers of the result against the unoptimized FP32 graph on `check_inputs` (the whole test split).
 """
 
@@ -48,8 +48,8 @@ class ServerConfig:
     # "MultiHeadAttention" leaves them as MatMuls before it, which static INT8 quantizes.
     attention: str = "Attention"
     # Residual Add + LayerNormalization fused into SkipLayerNormalization. Off, the package's sessions are told not
-    # to fuse them back at load (manifest `onnx_disabled_optimizers`): ONNX Runtime 1.32's CPU kernel of it took 10x
-    # the time of the two ops it replaces (docs/experiments.md, 2026-12-04).
+    # to fuse them back at load (manifest `onnx_disabled_optimizers`): ONNX Runtime 1.32's CPU kernel of it took
+    # 7.5x the time of the two ops it replaces (docs/experiments.md, 2026-12-04).
     skip_layer_norm: bool = True
 
     def __post_init__(self):
@@ -67,6 +67,11 @@ class ServerConfig:
             raise ValueError(f"min_agreement must be in [0, 1], got {self.min_agreement}")
         if self.attention not in ATTENTION_OPS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_OPS)}, got {self.attention!r}")
+        # settings of the optimizer's graph, meaningless (and silently ignored) without it
+        if not self.optimize and (self.attention != "Attention" or not self.skip_layer_norm):
+            raise ValueError("attention and skip_layer_norm need optimize = true (the transformer optimizer's choices)")
+        if self.int8_outputs and (self.precision, self.int8) != ("int8", "static"):
+            raise ValueError("int8_outputs needs precision = int8 and int8 = static")
 
     @property
     def disabled_optimizers(self) -> list[str]:
@@ -245,8 +250,7 @@ def _int8(path: Path, cfg: ServerConfig, calib: list[list[np.ndarray]], keep_fp3
     first (without it the static quantizer silently skipped every activation). Dynamic: MatMul and the fused
     Attention (-> QAttention), activations quantized per call with one scale per batch. Static: QDQ MatMuls with
     scales calibrated on train utterances (ONNX Runtime has no static QAttention), their outputs FP32 unless
-    `int8_outputs`; the
-    intent head (Gemm) stays FP32."""
+    `int8_outputs`; the intent head (Gemm) stays FP32."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference

@@ -88,18 +88,22 @@ def server_for(target: str, log=print):
     proc = subprocess.Popen([sys.executable, "-m", "edgekit.cli", "serve", target, "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        deadline = time.time() + 240
-        while True:
+        deadline, seen = time.time() + 240, set()
+        while True:  # until every replica has answered /healthz (one may still be loading when another answers)
             if proc.poll() is not None:
                 raise EdgekitError(f"edgekit serve {target} exited: {proc.stdout.read()[-2000:].strip()}")
             try:
-                if _request(port, "GET", "/healthz", timeout=5)[0] == 200:
-                    break
-            except OSError:
+                status, body = _request(port, "GET", "/healthz", timeout=5)  # a new connection each time
+                if status == 200:
+                    health = json.loads(body)
+                    seen.add(health.get("replica"))
+                    if len(seen) >= health.get("replicas", 1):
+                        break
+            except (OSError, ValueError):
                 pass
             if time.time() > deadline:
-                raise EdgekitError(f"edgekit serve {target} did not answer /healthz within 240 s")
-            time.sleep(1)
+                raise EdgekitError(f"edgekit serve {target}: not every replica answered /healthz within 240 s")
+            time.sleep(0.2)
         yield f"http://127.0.0.1:{port}"
     finally:
         if proc.poll() is None:

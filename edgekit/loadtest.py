@@ -15,7 +15,6 @@ import ipaddress
 import itertools
 import json
 import math
-import re
 import socket
 import threading
 import time
@@ -26,6 +25,7 @@ from rich.table import Table
 
 from edgekit.errors import EdgekitError
 from edgekit.io import write_json
+from edgekit.serve_metrics import parse_metrics, scrape_all, server_summary  # noqa: F401 (parse_metrics: API)
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,6 @@ PROFILES: dict[str, Profile] = {
     "high": Profile("high", 64),
     "burst": Profile("burst", 200, burst=True, idle_s=1.0),
 }
-
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-_SAMPLE = re.compile(r"([^\s{]+)(\{.*\})?\s+(\S+)")  # name, labels up to the last brace (values may hold spaces), value
-
 
 def check_loopback(url: str) -> None:
     """Refuse anything but an http:// URL whose host resolves only to loopback addresses: a load test is
@@ -70,97 +66,6 @@ def check_loopback(url: str) -> None:
     if outside or not addrs:
         raise EdgekitError(f"{url}: {host} resolves to {', '.join(outside) or 'nothing'}, not loopback; "
                            "loadtest only drives a server on this machine (localhost, 127.0.0.1, [::1])")
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text format to {series: value}, keys exactly as written ('name{le="4"}' or a plain name).
-    Comments, blank and malformed lines are skipped."""
-    out = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line.strip())
-        if m and not line.lstrip().startswith("#"):
-            try:
-                out[m[1] + (m[2] or "")] = float(m[3])  # a trailing timestamp, if any, is ignored
-            except ValueError:
-                continue
-    return out
-
-
-def _series(metrics: dict[str, float], name: str) -> list[tuple[dict[str, str], float]]:
-    """Every series of metric `name` with its labels parsed; NaN and infinite samples count nothing, so skipped."""
-    return [(dict(_LABEL.findall(key.partition("{")[2])), v) for key, v in metrics.items()
-            if key.partition("{")[0] == name and math.isfinite(v)]
-
-
-def _total(metrics: dict[str, float], name: str) -> float | None:
-    """The sum over all series of `name` (several replicas may each report their own), None if absent."""
-    found = _series(metrics, name)
-    return sum(v for _, v in found) if found else None
-
-
-def _buckets(metrics: dict[str, float]) -> dict[float, float]:
-    """Cumulative batch-size buckets by upper bound, summed over replicas."""
-    out: dict[float, float] = {}
-    for labels, value in _series(metrics, "edgekit_batch_size_bucket"):
-        try:
-            le = float(labels["le"])
-        except (KeyError, ValueError):
-            continue  # not a bucket this summary can place
-        out[le] = out.get(le, 0.0) + value
-    return out
-
-
-def replicas_in(metrics: dict[str, float] | None) -> set[str]:
-    """The replica labels a (merged) scrape holds."""
-    return {lab["replica"] for lab, _ in _series(metrics or {}, "edgekit_provider_info") if "replica" in lab}
-
-
-def scrape_all(get, replicas: int, tries_each: int = 4) -> dict[str, float] | None:
-    """Scrapes of /metrics merged until `replicas` replica labels were seen (each replica writes its own series,
-    labelled, so they merge without clashing), at most `tries_each` x replicas tries. get: () -> one scrape or
-    None."""
-    merged = None
-    for _ in range(max(1, tries_each * replicas)):
-        one = get()
-        if one is not None:
-            merged = {**(merged or {}), **one}
-            if not replicas_in(one) or len(replicas_in(merged)) >= replicas:  # unlabelled: one scrape is all
-                break
-    return merged
-
-
-def server_summary(before: dict[str, float] | None, after: dict[str, float] | None) -> dict:
-    """This run's batching from two scrapes: mean batch size, non-cumulative histogram, mean queue time."""
-    summary = {"mean_batch_size": None, "batch_histogram": None, "mean_queue_ms": None, "provider": None,
-               "replicas_seen": len(replicas_in(after)) or None}
-    if after is None:
-        return summary
-    before = before or {}
-    if (_total(after, "edgekit_batch_size_count") or 0) < (_total(before, "edgekit_batch_size_count") or 0):
-        before = {}  # the server restarted between the scrapes: its counters began again at zero
-
-    def delta(name):
-        a = _total(after, name)
-        return None if a is None else a - (_total(before, name) or 0.0)
-
-    size_sum, size_n = delta("edgekit_batch_size_sum"), delta("edgekit_batch_size_count")
-    if size_sum is not None and size_n:
-        summary["mean_batch_size"] = round(size_sum / size_n, 3)
-    queue_sum, queue_n = delta("edgekit_queue_seconds_sum"), delta("edgekit_queue_seconds_count")
-    if queue_sum is not None and queue_n:
-        summary["mean_queue_ms"] = round(1000 * queue_sum / queue_n, 3)
-    cum_after, cum_before = _buckets(after), _buckets(before)
-    if cum_after:
-        hist, below = {}, 0.0
-        for le in sorted(cum_after):
-            cum = cum_after[le] - cum_before.get(le, 0.0)
-            label = "+Inf" if math.isinf(le) else (str(int(le)) if le.is_integer() else str(le))
-            hist[label], below = max(0, round(cum - below)), cum
-        summary["batch_histogram"] = hist
-    providers = sorted({lab["provider"] for lab, v in _series(after, "edgekit_provider_info")
-                        if v > 0 and "provider" in lab})
-    summary["provider"] = ",".join(providers) or None
-    return summary
 
 
 class _Client:

@@ -35,15 +35,18 @@ def etdump_available(pte: Path, inputs: list) -> bool:
         return (Path(d) / "run.etdp").is_file()
 
 
-def profile_onnx(model: Path, inputs: list[list], threads: int = 1, warmup: int = 20) -> dict:
-    """Per-op-type time of `model` over `inputs` (one run each, after `warmup` unprofiled-in-the-totals runs)."""
+def profile_onnx(model: Path, inputs: list[list], threads: int = 1, warmup: int = 20,
+                 disabled_optimizers: list[str] | None = None) -> dict:
+    """Per-op-type time of `model` over `inputs` (one run each, after `warmup` unprofiled-in-the-totals runs).
+    disabled_optimizers: as the package's sessions leave out (the manifest's `onnx_disabled_optimizers`)."""
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory() as d:
         so = ort.SessionOptions()
         so.enable_profiling, so.profile_file_prefix = True, str(Path(d) / "ort")
         so.intra_op_num_threads = threads
-        sess = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=disabled_optimizers or [])
         names = [i.name for i in sess.get_inputs()]
         for x in inputs[:warmup] + inputs:
             sess.run(None, dict(zip(names, x)))
@@ -97,7 +100,8 @@ def profile(package: Path, texts: list[str], runtime: str | None = None, threads
         from edgekit.runtime.backends import cut
 
         inputs = [cut(x) for x in inputs]
-    res = profile_onnx(pkg.model_path("onnx"), inputs, threads)
+    res = profile_onnx(pkg.model_path("onnx"), inputs, threads,
+                       disabled_optimizers=pkg.manifest.get("onnx_disabled_optimizers"))
     return {"package": str(package), "runtime": runtime, "threads": threads, "note": note} | res
 
 

@@ -75,13 +75,17 @@ class ServeSettings:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
-def replica_count(settings: ServeSettings, cpus: float) -> ServeSettings:
-    """`replicas = 0` made a count: one replica per `threads` of the cluster's `cpus` (at least one). On a CPU a
-    replica of one thread each answered more than one replica of every thread (docs/experiments.md, 2026-12-04:
-    its own event loop, and ONNX Runtime's threads need no waking); a fixed count or autoscaling stays as it is."""
+def replica_count(settings: ServeSettings, cpus: float, gpus: float = 0.0) -> ServeSettings:
+    """`replicas = 0` made a count: one replica per `threads` of the cluster's free `cpus` (and no more than its
+    `gpus` hold at `num_gpus` each), at least one. On a CPU, replicas of one thread each answered more than one
+    replica of every thread (docs/experiments.md, 2026-12-04: each has its own event loop, and one ONNX Runtime
+    thread needs no waking); a fixed count or autoscaling stays as it is."""
     if settings.replicas or settings.autoscale:
         return settings
-    return replace(settings, replicas=max(1, int(cpus) // settings.threads))
+    n = int(cpus) // settings.threads
+    if settings.num_gpus:
+        n = min(n, int(gpus / settings.num_gpus))
+    return replace(settings, replicas=max(1, n))
 
 
 class BadRequest(Exception):
@@ -188,6 +192,8 @@ def application(package: Path, settings: ServeSettings):
     from ray import serve
     from starlette.responses import JSONResponse, PlainTextResponse
 
+    if not settings.replicas and not settings.autoscale:
+        raise ValueError("replicas = 0 must be counted first (replica_count)")
     files = package_files(package)
     manifest = json.loads(files["manifest.json"])
     labels = json.loads(files[manifest["labels"]])
@@ -302,7 +308,8 @@ def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port:
     """Start Ray (or join the cluster at `address`) and Serve, and deploy the package. Returns, once it answers,
     the settings it runs with (`replicas = 0` counted, the proxy that started).
     after_init: called once Ray is up (ray.init replaces the process's SIGTERM handler; the caller's goes back).
-    app: a bound Serve application to deploy instead (examples/serve_ceiling.py's model-free server).
+    app: settings -> a bound Serve application, deployed instead of the package's (examples/serve_ceiling.py's
+    model-free server), with the settings counted here.
     A cluster we join keeps the proxy it was started with (RAY_SERVE_ENABLE_HA_PROXY on every node)."""
     import os
 
@@ -319,11 +326,13 @@ def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port:
     ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, **kwargs)
     if after_init:
         after_init()
-    settings = replica_count(settings, ray.cluster_resources().get("CPU", 1))
     if settings.num_gpus and not ray.cluster_resources().get("GPU"):
         # Ray would wait forever for a GPU to place the replicas on
         log.warning("this Ray cluster has no GPU: replicas run without one (num_gpus 0)")
         settings = replace(settings, num_gpus=0.0)
+    # a cluster we join may run other work: count what is free there
+    free = ray.available_resources() if address else ray.cluster_resources()
+    settings = replica_count(settings, free.get("CPU", 1), free.get("GPU", 0))
     try:
         serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
     except Exception as e:  # HAProxy is Serve's newer ingress: if it cannot start, the Python proxy serves
@@ -334,7 +343,8 @@ def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port:
         log.warning("Serve's HAProxy did not start (%s); Serve's Python proxy answers instead", reason.strip()[:300])
         stop()
         return start(package, replace(settings, proxy="python"), host, port, address, after_init, app)
-    serve.run(app or application(package, settings), name="edgekit", route_prefix="/", blocking=False)
+    serve.run(app(settings) if app else application(package, settings), name="edgekit", route_prefix="/",
+              blocking=False)
     return settings
 
 
@@ -363,6 +373,7 @@ def stop(address: str | None = None) -> None:
 
 
 def describe(settings: ServeSettings, address: str | None = None) -> str:
+    """One line for the terminal: replicas, batching, providers, threads and proxy."""
     d = asdict(settings)
     scale = (f"{d['min_replicas']}-{d['max_replicas']} replicas (autoscaling)" if d["autoscale"]
              else f"{d['replicas']} replica{'s' * (d['replicas'] > 1)}" if d["replicas"]

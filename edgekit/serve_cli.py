@@ -27,7 +27,8 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address of the HTTP endpoints (default loopback only; Ray's own "
                              "ports listen on every interface: docs/serving.md)."),
     port: int = typer.Option(8000, help="HTTP port."),
-    replicas: Optional[int] = typer.Option(None, help="Fixed replica count (overrides the profile's autoscaling)."),
+    replicas: Optional[int] = typer.Option(None, help="Fixed replica count (overrides the profile's autoscaling); "
+                                           "0: one per --threads CPUs of the Ray cluster."),
     address: Optional[str] = typer.Option(None, help="Join a running Ray cluster (e.g. ray://head:10001 or "
                                           "head:6379) instead of starting a local one."),
     max_batch: Optional[int] = typer.Option(None, help="Largest batch (default: the profile's); 1 answers one "
@@ -48,7 +49,7 @@ def serve(
 
     pkg = Package.load(package)  # a bad package is one `error:` line and exit 2 (main)
     try:
-        settings = srv.settings_of(pkg.manifest, replicas=replicas, autoscale=False if replicas else None,
+        settings = srv.settings_of(pkg.manifest, replicas=replicas, autoscale=False if replicas is not None else None,
                                    max_batch=max_batch, batch_wait_ms=batch_wait_ms, providers=check_providers(provider),
                                    threads=threads, proxy=proxy)
     except ValueError as e:

@@ -1,11 +1,16 @@
-"""The Prometheus figures one `edgekit serve` replica keeps and answers on GET /metrics."""
+"""The Prometheus figures one `edgekit serve` replica keeps and answers on GET /metrics, and how a client
+(`edgekit loadtest`) reads them back: parsed, merged over replicas, and differenced between two scrapes."""
 
 from __future__ import annotations
 
+import math
+import re
 from collections import deque
 
 QUANTILES = (0.5, 0.9, 0.99)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_SAMPLE = re.compile(r"([^\s{]+)(\{.*\})?\s+(\S+)")  # name, labels up to the last brace (values may hold spaces), value
 
 
 class Metrics:
@@ -62,3 +67,114 @@ class Metrics:
                 "# HELP edgekit_provider_info The ONNX Runtime execution provider this replica runs on.",
                 "# TYPE edgekit_provider_info gauge", f'edgekit_provider_info{{{r},provider="{self.provider}"}} 1']
         return "\n".join(out) + "\n"
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text format to {series: value}, keys exactly as written ('name{le="4"}' or a plain name).
+    Comments, blank and malformed lines are skipped."""
+    out = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line.strip())
+        if m and not line.lstrip().startswith("#"):
+            try:
+                out[m[1] + (m[2] or "")] = float(m[3])  # a trailing timestamp, if any, is ignored
+            except ValueError:
+                continue
+    return out
+
+
+def _series(metrics: dict[str, float], name: str) -> list[tuple[dict[str, str], float]]:
+    """Every series of metric `name` with its labels parsed; NaN and infinite samples count nothing, so skipped."""
+    return [(dict(_LABEL.findall(key.partition("{")[2])), v) for key, v in metrics.items()
+            if key.partition("{")[0] == name and math.isfinite(v)]
+
+
+def _total(metrics: dict[str, float], name: str) -> float | None:
+    """The sum over all series of `name`, None if absent."""
+    found = _series(metrics, name)
+    return sum(v for _, v in found) if found else None
+
+
+def _buckets(metrics: dict[str, float]) -> dict[float, float]:
+    """Cumulative batch-size buckets by upper bound."""
+    out: dict[float, float] = {}
+    for labels, value in _series(metrics, "edgekit_batch_size_bucket"):
+        try:
+            le = float(labels["le"])
+        except (KeyError, ValueError):
+            continue  # not a bucket this summary can place
+        out[le] = out.get(le, 0.0) + value
+    return out
+
+
+def by_replica(metrics: dict[str, float] | None) -> dict[str, dict[str, float]]:
+    """A (merged) scrape split by its `replica` label ("" for series without one)."""
+    out: dict[str, dict[str, float]] = {}
+    for key, v in (metrics or {}).items():
+        out.setdefault(dict(_LABEL.findall(key.partition("{")[2])).get("replica", ""), {})[key] = v
+    return out
+
+
+def replicas_in(metrics: dict[str, float] | None) -> set[str]:
+    """The replica labels a (merged) scrape holds."""
+    return set(by_replica(metrics)) - {""}
+
+
+def scrape_all(get, replicas: int) -> dict[str, float] | None:
+    """Scrapes of /metrics merged until `replicas` replica labels were seen (each replica writes its own series,
+    labelled, so they merge without clashing). A proxy may pick a replica at random: N (ln N + 6) tries miss one
+    with a chance of about e^-6. Stops at the first failed scrape, and after one unlabelled scrape (a server that
+    does not label its replicas). get: () -> one scrape, or None."""
+    merged = None
+    for _ in range(math.ceil(replicas * (math.log(replicas) + 6)) if replicas > 1 else 1):
+        one = get()
+        if one is None:
+            break
+        merged = {**(merged or {}), **one}
+        if not replicas_in(one) or len(replicas_in(merged)) >= replicas:
+            break
+    return merged
+
+
+def server_summary(before: dict[str, float] | None, after: dict[str, float] | None) -> dict:
+    """This run's batching from two scrapes: mean batch size, utterances batched, non-cumulative histogram, mean
+    queue time. Differences are taken replica by replica: a replica the first scrape missed counts from zero, and
+    one whose counters went back (restarted) too."""
+    summary = {"mean_batch_size": None, "batched_utterances": None, "batch_histogram": None, "mean_queue_ms": None,
+               "provider": None, "replicas_seen": len(replicas_in(after)) or None}
+    if after is None:
+        return summary
+    olds = by_replica(before)
+    pairs = []  # (before, after) of each replica the last scrape saw
+    for replica, new in by_replica(after).items():
+        old = olds.get(replica, {})
+        if (_total(new, "edgekit_batch_size_count") or 0) < (_total(old, "edgekit_batch_size_count") or 0):
+            old = {}  # restarted between the scrapes: its counters began again at zero
+        pairs.append((old, new))
+
+    def delta(name):
+        found = [(_total(new, name), _total(old, name) or 0.0) for old, new in pairs]
+        found = [a - b for a, b in found if a is not None]
+        return sum(found) if found else None
+
+    size_sum, size_n = delta("edgekit_batch_size_sum"), delta("edgekit_batch_size_count")
+    if size_sum is not None and size_n:
+        summary["mean_batch_size"], summary["batched_utterances"] = round(size_sum / size_n, 3), round(size_sum)
+    queue_sum, queue_n = delta("edgekit_queue_seconds_sum"), delta("edgekit_queue_seconds_count")
+    if queue_sum is not None and queue_n:
+        summary["mean_queue_ms"] = round(1000 * queue_sum / queue_n, 3)
+    cum: dict[float, float] = {}
+    for old, new in pairs:
+        was = _buckets(old)
+        for le, v in _buckets(new).items():
+            cum[le] = cum.get(le, 0.0) + v - was.get(le, 0.0)
+    if cum:
+        hist, below = {}, 0.0
+        for le in sorted(cum):
+            label = "+Inf" if math.isinf(le) else (str(int(le)) if le.is_integer() else str(le))
+            hist[label], below = max(0, round(cum[le] - below)), cum[le]
+        summary["batch_histogram"] = hist
+    providers = sorted({lab["provider"] for lab, v in _series(after, "edgekit_provider_info")
+                        if v > 0 and "provider" in lab})
+    summary["provider"] = ",".join(providers) or None
+    return summary

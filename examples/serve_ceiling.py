@@ -2,7 +2,8 @@
 (`--max-batch 1`), beside the same HTTP path with no model at all, each under `edgekit loadtest`.
 
 The model-free server is Ray Serve as `edgekit serve` runs it (Serve's proxy, as many replicas taking HTTP straight
-from it, the same request checks) whose replicas answer /predict with a fixed prediction. No batching can make a
+from it, the same request checks) whose replicas answer /predict with a fixed prediction. "One at a time" is each
+replica answering one request at a time (`--max-batch 1`), as many replicas as the batched server has. No batching can make a
 server faster than that: every request still crosses the client, the proxy and the replica. So when its throughput
 is under 3x the one-at-a-time server's, no batching reaches 3x on these cores, whatever the model.
 
@@ -47,18 +48,23 @@ def noop_server(package: Path, port: int, proxy: str | None, replicas: int | Non
     from edgekit.runtime import Package
 
     pkg = Package.load(package)
-    # as many replicas as `edgekit serve` starts for this package on this machine (a local Ray has its CPUs)
+    # a fixed count: the package's (replicas = 0 counted by srv.start as for `edgekit serve`), or --replicas
     settings = srv.settings_of(pkg.manifest, autoscale=False, proxy=proxy, replicas=replicas, threads=threads)
-    settings = srv.replica_count(settings, os.cpu_count() or 1)
     intents = json.loads((package / pkg.manifest["labels"]).read_text())["intents"]
     answer = {"intent": intents[0], "confidence": 0.99, "slots": [], "tags": ["O"] * 8}
 
     @serve.deployment(name="edgekit", max_ongoing_requests=settings.max_ongoing_requests)
     class NoModel:
+        def __init__(self, replicas: int):
+            import uuid
+
+            self.id, self.replicas = uuid.uuid4().hex[:8], replicas
+
         async def __call__(self, request):
             path = request.url.path.rstrip("/")
             if path == "/healthz":
-                return JSONResponse({"status": "ok", "provider": "none", "batched": False, "replica": "noop"})
+                return JSONResponse({"status": "ok", "provider": "none", "batched": False, "replica": self.id,
+                                     "replicas": self.replicas})
             if path == "/metrics":
                 return PlainTextResponse("")
             body = json.loads(await request.body())
@@ -71,26 +77,33 @@ def noop_server(package: Path, port: int, proxy: str | None, replicas: int | Non
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
 
-    app = NoModel.options(num_replicas=settings.replicas, ray_actor_options={"num_cpus": settings.threads}).bind()
+    def app(s):  # the replicas srv.start counted
+        return NoModel.options(num_replicas=s.replicas, ray_actor_options={"num_cpus": s.threads}).bind(s.replicas)
+
     srv.start(package, settings, port=port, after_init=on_signal, app=app)  # the same Ray, proxy and fallback
     stop.wait()
     srv.stop()
 
 
 def wait_ready(url: str, proc: subprocess.Popen, limit_s: float = 180) -> None:
-    """Return once `url`/healthz answers 200; exit if the server dies or stays silent for `limit_s`."""
-    deadline = time.monotonic() + limit_s
+    """Return once every replica answers `url`/healthz (each answer names its replica and how many there are), so
+    no run starts while one is still loading; exit if the server dies or stays silent for `limit_s`."""
+    deadline, seen = time.monotonic() + limit_s, set()
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"the server exited with {proc.returncode} before answering")
         try:
-            with urllib.request.urlopen(url + "/healthz", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
+            with urllib.request.urlopen(url + "/healthz", timeout=2) as r:  # a new connection each time
+                health = json.loads(r.read())
+            seen.add(health["replica"])
+            if len(seen) >= health.get("replicas", 1):
+                return
+            time.sleep(0.1)  # another replica may still be loading: ask again, over a new connection
+            continue
+        except (OSError, ValueError, KeyError):
             pass
         time.sleep(1)
-    raise SystemExit(f"{url} did not answer within {limit_s:.0f} s")
+    raise SystemExit(f"{url}: not every replica answered within {limit_s:.0f} s")
 
 
 def one_run(variant: str, package: Path, data: Path, port: int, duration: float, out: Path, proxy: str,
@@ -133,8 +146,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.noop_server:
         return noop_server(args.package, args.port, args.proxy, args.replicas, args.threads)
-    layout = [*(["--replicas", str(args.replicas)] if args.replicas else []),
-              *(["--threads", str(args.threads)] if args.threads else [])]
+    layout = [*(["--replicas", str(args.replicas)] if args.replicas is not None else []),
+              *(["--threads", str(args.threads)] if args.threads is not None else [])]
     if args.data is None:
         ap.error("DATA is required")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -167,8 +167,9 @@ def test_texts_cycle_in_order_over_keep_alive_connections(server):
     assert result["ok"] == result["requests"] == len(server.texts) and result["errors"] == result["timeouts"] == 0
     lat = result["latency_ms"]
     assert 5 <= lat["p50"] <= lat["p90"] <= lat["p99"] and lat["mean"] >= 5
-    assert result["server"] == {"mean_batch_size": None, "batch_histogram": None, "mean_queue_ms": None,
-                                "provider": None, "replicas_seen": None, "replicas": 1}  # no /metrics: no figures
+    assert result["server"] == {"mean_batch_size": None, "batched_utterances": None, "batch_histogram": None,
+                                "mean_queue_ms": None, "provider": None, "replicas_seen": None,
+                                "replicas": 1}  # no /metrics: no figures
     Console(file=io.StringIO()).print(render(result))  # and the table shows them as "-"
 
 
@@ -189,28 +190,11 @@ def test_errors_and_timeouts_are_counted_apart(server):
 def test_metrics_difference(server):
     result = run(server.url, ["a", "b"], profile="low", duration_s=0.2, progress=False)
     assert server.scrapes == 2
-    assert result["server"] == {"mean_batch_size": 2.75, "batch_histogram": {"1": 1, "2": 1, "4": 2, "+Inf": 0},
-                                "mean_queue_ms": 50.0, "provider": "CPUExecutionProvider", "replicas_seen": None,
-                                "replicas": 1}
+    assert result["server"] == {"mean_batch_size": 2.75, "batched_utterances": 11,
+                                "batch_histogram": {"1": 1, "2": 1, "4": 2, "+Inf": 0}, "mean_queue_ms": 50.0,
+                                "provider": "CPUExecutionProvider", "replicas_seen": None, "replicas": 1}
     restarted = loadtest.server_summary(parse_metrics(AFTER), parse_metrics(BEFORE))  # counters went back
     assert restarted["mean_batch_size"] == 1.4 and restarted["batch_histogram"] == {"1": 3, "2": 2, "4": 0, "+Inf": 0}
-
-
-def test_scrapes_merge_until_every_replica_answered():
-    def labelled(text, replica):  # BEFORE's series as one replica writes them
-        return parse_metrics(text.replace("{", f'{{replica="{replica}",').replace(
-            "edgekit_batch_size_sum ", f'edgekit_batch_size_sum{{replica="{replica}"}} ').replace(
-            "edgekit_batch_size_count ", f'edgekit_batch_size_count{{replica="{replica}"}} '))
-
-    answers = iter([labelled(BEFORE, "a"), None, labelled(BEFORE, "a"), labelled(BEFORE, "b"), labelled(BEFORE, "c")])
-    calls = []
-    merged = loadtest.scrape_all(lambda: calls.append(1) or next(answers), replicas=2)
-    assert len(calls) == 4 and loadtest.replicas_in(merged) == {"a", "b"}
-    assert loadtest._total(merged, "edgekit_batch_size_count") == 10  # both replicas' batches, summed
-    # a replica that never answers: at most 4 tries a replica, then the figures say what they hold
-    calls.clear()
-    merged = loadtest.scrape_all(lambda: calls.append(1) or labelled(BEFORE, "a"), replicas=3)
-    assert len(calls) == 12 and loadtest.server_summary(None, merged)["replicas_seen"] == 1
 
 
 def test_parse_metrics():

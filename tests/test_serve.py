@@ -270,7 +270,7 @@ def test_compare_starts_the_server_measures_both_and_records_the_threshold(packa
 
 
 def test_sigterm_stops_every_process_it_started(package):
-    s = Server(package)
+    s = Server(package, "--replicas", "2")  # several replicas, a bounded count whatever the machine's CPUs
     tree = descendants(s.proc.pid)
     assert any("raylet" in " ".join(p.cmdline()) for p in tree)  # the local Ray it started
     assert any(p.name() == "haproxy" for p in tree)  # and Serve's HAProxy ingress, the default proxy
@@ -283,7 +283,7 @@ def test_sigterm_stops_every_process_it_started(package):
 
 
 def test_a_haproxy_that_cannot_start_leaves_the_python_proxy_serving(package):
-    s = Server(package, env={"RAY_SERVE_HAPROXY_BINARY_PATH": "/bin/false"})  # Serve runs it, and it exits at once
+    s = Server(package, "--replicas", "1", env={"RAY_SERVE_HAPROXY_BINARY_PATH": "/bin/false"})  # Serve runs it, and it exits at once
     try:
         status, out = call(s.port, "POST", "/predict", {"text": TEXTS[0]})
         assert status == 200 and "intent" in json.loads(out)
@@ -329,6 +329,6 @@ def test_two_replicas_on_a_two_node_cluster(cluster, package):
         assert json.loads(call(s.port, "GET", "/healthz")[1])["replicas"] == 2
         res = lt.run(s.url, TEXTS, "low", duration_s=3, timeout_s=60, progress=False)
         assert res["errors"] == 0 and res["server"]["replicas_seen"] == 2, res["server"]  # /metrics of both
-        assert sum(int(k) * v for k, v in res["server"]["batch_histogram"].items() if k != "+Inf") >= res["ok"]
+        assert res["server"]["batched_utterances"] == res["ok"], res  # each one once: not the 16 before the run
     finally:
         assert s.stop() == 0

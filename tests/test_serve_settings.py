@@ -64,6 +64,11 @@ def test_replicas_0_is_a_replica_per_threads_cpus_and_a_fixed_count_or_autoscali
     assert replica_count(ServeSettings(replicas=3), 16.0).replicas == 3
     scaling = ServeSettings(replicas=0, autoscale=True)
     assert replica_count(scaling, 16.0) == scaling
+    # GPU replicas: no more than the free GPUs hold at num_gpus each
+    assert replica_count(ServeSettings(replicas=0, num_gpus=0.25), 32.0, gpus=1.0).replicas == 4
+    # `--replicas 0` on an autoscaling profile: a fixed count, one per CPU
+    cli = settings_of({"serve": {"autoscale": True, "threads": 1}}, replicas=0, autoscale=False)
+    assert replica_count(cli, 3.0).replicas == 3
     assert "a replica per 1 CPU of the cluster" in describe(auto)
     assert describe(replica_count(auto, 2.0)).startswith("2 replicas")
     # the server-cpu profile asks for it: one thread a replica

@@ -30,6 +30,19 @@ def server_cpu(tmp_path_factory, tiny_bert):
     return out
 
 
+def test_server_config_refuses_settings_that_would_do_nothing():
+    from edgekit.converters.optimize_onnx import ServerConfig
+
+    with pytest.raises(ValueError, match="attention must be one of"):
+        ServerConfig(batch=True, optimize=True, attention="FlashAttention")
+    with pytest.raises(ValueError, match="need optimize = true"):
+        ServerConfig(skip_layer_norm=False)
+    with pytest.raises(ValueError, match="int8_outputs needs precision = int8 and int8 = static"):
+        ServerConfig(optimize=True, precision="fp16", int8_outputs=True)
+    assert ServerConfig(optimize=True, skip_layer_norm=False).disabled_optimizers == ["SkipLayerNormFusion"]
+    assert ServerConfig(optimize=True).disabled_optimizers == []
+
+
 def test_server_graph_is_batched_and_fully_fused(server_cpu):
     rep, fuse = fuse_record(server_cpu)
     for graph in ("onnx", "onnx_raw"):
