@@ -94,12 +94,12 @@ def server_for(target: str, log=print):
                 raise EdgekitError(f"edgekit serve {target} exited: {proc.stdout.read()[-2000:].strip()}")
             try:
                 status, body = _request(port, "GET", "/healthz", timeout=5)  # a new connection each time
-                if status == 200:
-                    health = json.loads(body)
+                health = json.loads(body) if status == 200 else None
+                if isinstance(health, dict):
                     seen.add(health.get("replica"))
-                    if len(seen) >= health.get("replicas", 1):
+                    if len(seen) >= int(health.get("replicas") or 1):
                         break
-            except (OSError, ValueError):
+            except (OSError, ValueError, TypeError):
                 pass
             if time.time() > deadline:
                 raise EdgekitError(f"edgekit serve {target}: not every replica answered /healthz within 240 s")

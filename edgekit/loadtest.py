@@ -162,8 +162,9 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
         raise EdgekitError(f"{url} is not answering ({type(e).__name__}: {e}); is `edgekit serve` running?") from None
     if status != 200:
         raise EdgekitError(f"{url}/healthz answered HTTP {status}; the server is not ready")
-    try:
-        replicas = int(json.loads(health).get("replicas") or 1)
+    try:  # how many replicas to scrape /metrics for: all there can be (autoscaling: its most)
+        body = json.loads(health)
+        replicas = max(1, int(body.get("max_replicas") or body.get("replicas") or 1))
     except (ValueError, TypeError, AttributeError):  # not an edgekit server's health: scrape once
         replicas = 1
 
@@ -177,7 +178,7 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
     def scrape():
         return scrape_all(scrape_one, replicas)
 
-    before = scrape()
+    since, before = time.time(), scrape()
     counter, lock = itertools.count(), threading.Lock()
     records: list[tuple[str, float, str | None]] = []  # list.append is atomic: workers share it without a lock
     stop, finished = threading.Event(), threading.Event()  # stop: interrupted; finished: burst rounds are over
@@ -245,7 +246,7 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
         "latency_ms": {"p50": _percentile(latencies, 0.5), "p90": _percentile(latencies, 0.9),
                        "p99": _percentile(latencies, 0.99),
                        "mean": round(sum(latencies) / len(latencies), 3) if latencies else None},
-        "server": server_summary(before, after) | {"replicas": replicas},
+        "server": server_summary(before, after, since) | {"replicas": replicas},
         "first_error": first_error,
     }
 

@@ -84,7 +84,7 @@ def replica_count(settings: ServeSettings, cpus: float, gpus: float = 0.0) -> Se
         return settings
     n = int(cpus) // settings.threads
     if settings.num_gpus:
-        n = min(n, int(gpus / settings.num_gpus))
+        n = min(n, int(gpus / settings.num_gpus + 1e-6))  # 0.3 / 0.1 is 2.9999999999999996
     return replace(settings, replicas=max(1, n))
 
 
@@ -248,9 +248,11 @@ def application(package: Path, settings: ServeSettings):
             return out
 
         async def _route(self, request, path: str):
-            if path == "/healthz":  # replicas: how many a client scrapes /metrics for (autoscaling: at most)
+            if path == "/healthz":  # replicas: how many answer once it is up; max_replicas (autoscaling): at most
+                scale = {"replicas": s.min_replicas, "max_replicas": s.max_replicas} if s.autoscale else {
+                    "replicas": s.replicas}
                 return JSONResponse({"status": "ok", "provider": self.pred.provider, "batched": self.pred.batched,
-                                     "replica": self.id, "replicas": s.max_replicas if s.autoscale else s.replicas})
+                                     "replica": self.id, **scale})
             if path == "/metrics":
                 return PlainTextResponse(self.metrics.text(self.id), media_type="text/plain; version=0.0.4")
             if request.method != "POST":
@@ -332,6 +334,9 @@ def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port:
         settings = replace(settings, num_gpus=0.0)
     # a cluster we join may run other work: count what is free there
     free = ray.available_resources() if address else ray.cluster_resources()
+    if settings.num_gpus > free.get("GPU", 0) + 1e-6:
+        log.warning("no GPU of this Ray cluster is free for a replica (num_gpus %s): the replicas start when one "
+                    "is", settings.num_gpus)
     settings = replica_count(settings, free.get("CPU", 1), free.get("GPU", 0))
     try:
         serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})

@@ -19,7 +19,9 @@ class Metrics:
     scrape of /metrics reaches one replica; with several, scrape until each replica label has been seen."""
 
     def __init__(self, provider: str):
-        self.provider = provider
+        import time
+
+        self.provider, self.started = provider, time.time()  # a client tells a replica newer than its first scrape
         self.requests: dict[str, int] = {}
         self.errors: dict[str, int] = {}
         self.batches = [0] * (len(BATCH_BUCKETS) + 1)
@@ -65,7 +67,10 @@ class Metrics:
         out += [f"edgekit_latency_seconds_sum{{{r}}} {self.latency_sum:.6f}",
                 f"edgekit_latency_seconds_count{{{r}}} {self.latency_count}",
                 "# HELP edgekit_provider_info The ONNX Runtime execution provider this replica runs on.",
-                "# TYPE edgekit_provider_info gauge", f'edgekit_provider_info{{{r},provider="{self.provider}"}} 1']
+                "# TYPE edgekit_provider_info gauge", f'edgekit_provider_info{{{r},provider="{self.provider}"}} 1',
+                "# HELP edgekit_replica_start_time_seconds When this replica started, Unix time.",
+                "# TYPE edgekit_replica_start_time_seconds gauge",
+                f"edgekit_replica_start_time_seconds{{{r}}} {self.started:.3f}"]
         return "\n".join(out) + "\n"
 
 
@@ -136,21 +141,29 @@ def scrape_all(get, replicas: int) -> dict[str, float] | None:
     return merged
 
 
-def server_summary(before: dict[str, float] | None, after: dict[str, float] | None) -> dict:
+def server_summary(before: dict[str, float] | None, after: dict[str, float] | None,
+                   since: float | None = None) -> dict:
     """This run's batching from two scrapes: mean batch size, utterances batched, non-cumulative histogram, mean
-    queue time. Differences are taken replica by replica: a replica the first scrape missed counts from zero, and
-    one whose counters went back (restarted) too."""
+    queue time. Differences are taken replica by replica. A replica the first scrape missed counts from zero when
+    it started after `since` (the first scrape's Unix time; loopback, so the same clock), else it is left out: its
+    counters hold what it did before the run. A replica whose counters went back (restarted) counts from zero.
+    replicas_seen: the replicas in these figures."""
     summary = {"mean_batch_size": None, "batched_utterances": None, "batch_histogram": None, "mean_queue_ms": None,
-               "provider": None, "replicas_seen": len(replicas_in(after)) or None}
+               "provider": None, "replicas_seen": None}
     if after is None:
         return summary
     olds = by_replica(before)
-    pairs = []  # (before, after) of each replica the last scrape saw
+    pairs = []  # (before, after) of each replica in the figures
     for replica, new in by_replica(after).items():
-        old = olds.get(replica, {})
+        old = olds.get(replica)
+        started = _total(new, "edgekit_replica_start_time_seconds")
+        if old is None and replica and since is not None and started is not None and started < since:
+            continue  # an older replica the first scrape did not reach
+        old = old or {}
         if (_total(new, "edgekit_batch_size_count") or 0) < (_total(old, "edgekit_batch_size_count") or 0):
             old = {}  # restarted between the scrapes: its counters began again at zero
         pairs.append((old, new))
+    summary["replicas_seen"] = sum(1 for _, new in pairs if replicas_in(new)) or None
 
     def delta(name):
         found = [(_total(new, name), _total(old, name) or 0.0) for old, new in pairs]

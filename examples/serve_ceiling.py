@@ -95,12 +95,12 @@ def wait_ready(url: str, proc: subprocess.Popen, limit_s: float = 180) -> None:
         try:
             with urllib.request.urlopen(url + "/healthz", timeout=2) as r:  # a new connection each time
                 health = json.loads(r.read())
-            seen.add(health["replica"])
-            if len(seen) >= health.get("replicas", 1):
+            seen.add(health.get("replica"))
+            if len(seen) >= int(health.get("replicas") or 1):
                 return
             time.sleep(0.1)  # another replica may still be loading: ask again, over a new connection
             continue
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, TypeError, AttributeError):
             pass
         time.sleep(1)
     raise SystemExit(f"{url}: not every replica answered within {limit_s:.0f} s")
@@ -140,8 +140,10 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8431)
     ap.add_argument("--out", type=Path, default=Path("build/ceiling"))
     ap.add_argument("--proxy", choices=["haproxy", "python"], default="haproxy", help="Serve's proxy (all variants)")
-    ap.add_argument("--replicas", type=int, help="replicas of every server (default: the package's)")
-    ap.add_argument("--threads", type=int, help="ONNX Runtime threads per replica (default: the package's)")
+    ap.add_argument("--replicas", type=int, choices=range(0, 1025), metavar="N",
+                    help="replicas of every server, 0: one per CPU (default: the package's)")
+    ap.add_argument("--threads", type=int, choices=range(1, 257), metavar="N",
+                    help="ONNX Runtime threads per replica (default: the package's)")
     ap.add_argument("--noop-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.noop_server:

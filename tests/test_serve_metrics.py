@@ -32,9 +32,13 @@ def test_differences_are_taken_replica_by_replica():
     s = server_summary(before, after_a)
     assert s["mean_batch_size"] == 4.0 and s["batched_utterances"] == 8 and s["replicas_seen"] == 1
     assert s["batch_histogram"]["4"] == 2 and s["batch_histogram"]["1"] == 0
-    # the first scrape missed b, which began in this run: all its batches count
-    s = server_summary(scrape("a", [1, 1]), {**after_a, **scrape("b", [4, 4])})
+    # the first scrape missed b: it counts from zero when it started after that scrape, else it is left out
+    import time
+
+    s = server_summary(scrape("a", [1, 1]), {**after_a, **scrape("b", [4, 4])}, since=time.time() - 60)
     assert s["mean_batch_size"] == 4.0 and s["batched_utterances"] == 16 and s["replicas_seen"] == 2
+    s = server_summary(scrape("a", [1, 1]), {**after_a, **scrape("b", [2, 4, 4])}, since=time.time() + 60)
+    assert s["batched_utterances"] == 8 and s["replicas_seen"] == 1  # b's history is not this run's
     # b restarted (a new process, counters from zero, the same label here): only its new batches count
     s = server_summary(before, {**after_a, **scrape("b", [4])})
     assert s["batched_utterances"] == 12 and s["batch_histogram"]["4"] == 3 and s["batch_histogram"]["2"] == 0

@@ -66,6 +66,7 @@ def test_replicas_0_is_a_replica_per_threads_cpus_and_a_fixed_count_or_autoscali
     assert replica_count(scaling, 16.0) == scaling
     # GPU replicas: no more than the free GPUs hold at num_gpus each
     assert replica_count(ServeSettings(replicas=0, num_gpus=0.25), 32.0, gpus=1.0).replicas == 4
+    assert replica_count(ServeSettings(replicas=0, num_gpus=0.1), 32.0, gpus=0.3).replicas == 3  # not 2.999...
     # `--replicas 0` on an autoscaling profile: a fixed count, one per CPU
     cli = settings_of({"serve": {"autoscale": True, "threads": 1}}, replicas=0, autoscale=False)
     assert replica_count(cli, 3.0).replicas == 3
