@@ -327,6 +327,12 @@ def test_two_replicas_on_a_two_node_cluster(cluster, package):
         status, out = call(s.port, "POST", "/predict_batch", {"texts": TEXTS[:16]})
         assert status == 200 and len(json.loads(out)["results"]) == 16
         assert json.loads(call(s.port, "GET", "/healthz")[1])["replicas"] == 2
+        # each node runs a proxy of its own, which may start after the replica there: wait until both answer
+        seen, deadline = set(), time.time() + 120
+        while len(seen) < 2 and time.time() < deadline:
+            seen.add(json.loads(call(s.port, "GET", "/healthz")[1])["replica"])
+            time.sleep(0.1)
+        assert len(seen) == 2, seen
         res = lt.run(s.url, TEXTS, "low", duration_s=3, timeout_s=60, progress=False)
         assert res["errors"] == 0 and res["server"]["replicas_seen"] == 2, res["server"]  # /metrics of both
         assert res["server"]["batched_utterances"] == res["ok"], res  # each one once: not the 16 before the run
