@@ -109,7 +109,7 @@ def decoding_latency(package: str, runtime: str, texts: list[str], threads: int 
     preds = {"decoding": p}
     # exported with the same buckets, or the same dynamic sequence axis, which the runtime cuts inputs to; the same
     # ONNX Runtime optimizers left out (the raw graph was optimized as the package's)
-    same = ({"dynamic_seq": pkg.dynamic_seq, "disabled_optimizers": pkg.manifest.get("onnx_disabled_optimizers")}
+    same = ({"dynamic_seq": pkg.dynamic_seq, "disabled_optimizers": pkg.onnx_disabled_optimizers}
             if runtime == "onnx" else {})
     if raw_path:
         preds["raw"] = Predictor(open_backend(runtime, raw_path, threads, pkg.buckets(runtime), **same), p.tokenizer,

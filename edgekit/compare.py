@@ -88,22 +88,12 @@ def server_for(target: str, log=print):
     proc = subprocess.Popen([sys.executable, "-m", "edgekit.cli", "serve", target, "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        deadline, seen = time.time() + 240, set()
-        while True:  # until every replica has answered /healthz (one may still be loading when another answers)
+        from edgekit.serve_metrics import wait_for_replicas
+
+        if not wait_for_replicas(port, lambda: proc.poll() is None, 240):
             if proc.poll() is not None:
                 raise EdgekitError(f"edgekit serve {target} exited: {proc.stdout.read()[-2000:].strip()}")
-            try:
-                status, body = _request(port, "GET", "/healthz", timeout=5)  # a new connection each time
-                health = json.loads(body) if status == 200 else None
-                if isinstance(health, dict):
-                    seen.add(health.get("replica"))
-                    if len(seen) >= int(health.get("replicas") or 1):
-                        break
-            except (OSError, ValueError, TypeError):
-                pass
-            if time.time() > deadline:
-                raise EdgekitError(f"edgekit serve {target}: not every replica answered /healthz within 240 s")
-            time.sleep(0.2)
+            raise EdgekitError(f"edgekit serve {target}: not every replica answered /healthz within 240 s")
         yield f"http://127.0.0.1:{port}"
     finally:
         if proc.poll() is None:

@@ -101,7 +101,7 @@ def profile(package: Path, texts: list[str], runtime: str | None = None, threads
 
         inputs = [cut(x) for x in inputs]
     res = profile_onnx(pkg.model_path("onnx"), inputs, threads,
-                       disabled_optimizers=pkg.manifest.get("onnx_disabled_optimizers"))
+                       disabled_optimizers=pkg.onnx_disabled_optimizers)
     return {"package": str(package), "runtime": runtime, "threads": threads, "note": note} | res
 
 

@@ -1,5 +1,6 @@
 """The Prometheus figures one `edgekit serve` replica keeps and answers on GET /metrics, and how a client
-(`edgekit loadtest`) reads them back: parsed, merged over replicas, and differenced between two scrapes."""
+(`edgekit loadtest`) reads them back: parsed, merged over replicas, and differenced between two scrapes; and how
+a client waits until every replica answers /healthz."""
 
 from __future__ import annotations
 
@@ -74,6 +75,33 @@ class Metrics:
         return "\n".join(out) + "\n"
 
 
+def wait_for_replicas(port: int, alive, limit_s: float) -> bool:
+    """True once every replica of the edgekit server on 127.0.0.1:`port` has answered /healthz (each answer names
+    its replica and how many there are; one may still be loading when another answers), False when `alive()`
+    turns false or `limit_s` passes. A new connection each time, so the proxy may pick another replica."""
+    import http.client
+    import json
+    import time
+
+    deadline, seen = time.monotonic() + limit_s, set()
+    while alive() and time.monotonic() < deadline:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request("GET", "/healthz")
+            r = conn.getresponse()
+            health = json.loads(r.read()) if r.status == 200 else None
+            if isinstance(health, dict):
+                seen.add(health.get("replica"))
+                if len(seen) >= int(health.get("replicas") or 1):
+                    return True
+        except (OSError, http.client.HTTPException, ValueError, TypeError):
+            pass
+        finally:
+            conn.close()
+        time.sleep(0.2)
+    return False
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text format to {series: value}, keys exactly as written ('name{le="4"}' or a plain name).
     Comments, blank and malformed lines are skipped."""
@@ -130,13 +158,14 @@ def scrape_all(get, replicas: int) -> dict[str, float] | None:
     labelled, so they merge without clashing). A proxy may pick a replica at random: N (ln N + 6) tries miss one
     with a chance of about e^-6. Stops at the first failed scrape, and after one unlabelled scrape (a server that
     does not label its replicas). get: () -> one scrape, or None."""
-    merged = None
+    merged, seen = None, set()
     for _ in range(math.ceil(replicas * (math.log(replicas) + 6)) if replicas > 1 else 1):
         one = get()
         if one is None:
             break
-        merged = {**(merged or {}), **one}
-        if not replicas_in(one) or len(replicas_in(merged)) >= replicas:
+        merged, new = {**(merged or {}), **one}, replicas_in(one)
+        seen |= new
+        if not new or len(seen) >= replicas:  # unlabelled: one scrape is all
             break
     return merged
 
@@ -153,7 +182,7 @@ def server_summary(before: dict[str, float] | None, after: dict[str, float] | No
     if after is None:
         return summary
     olds = by_replica(before)
-    pairs = []  # (before, after) of each replica in the figures
+    pairs, counted = [], 0  # (before, after) of each replica in the figures; how many carry a replica label
     for replica, new in by_replica(after).items():
         old = olds.get(replica)
         started = _total(new, "edgekit_replica_start_time_seconds")
@@ -163,7 +192,8 @@ def server_summary(before: dict[str, float] | None, after: dict[str, float] | No
         if (_total(new, "edgekit_batch_size_count") or 0) < (_total(old, "edgekit_batch_size_count") or 0):
             old = {}  # restarted between the scrapes: its counters began again at zero
         pairs.append((old, new))
-    summary["replicas_seen"] = sum(1 for _, new in pairs if replicas_in(new)) or None
+        counted += bool(replica)
+    summary["replicas_seen"] = counted or None
 
     def delta(name):
         found = [(_total(new, name), _total(old, name) or 0.0) for old, new in pairs]

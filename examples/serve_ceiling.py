@@ -3,9 +3,10 @@
 
 The model-free server is Ray Serve as `edgekit serve` runs it (Serve's proxy, as many replicas taking HTTP straight
 from it, the same request checks) whose replicas answer /predict with a fixed prediction. "One at a time" is each
-replica answering one request at a time (`--max-batch 1`), as many replicas as the batched server has. No batching can make a
-server faster than that: every request still crosses the client, the proxy and the replica. So when its throughput
-is under 3x the one-at-a-time server's, no batching reaches 3x on these cores, whatever the model.
+replica answering one request at a time (`--max-batch 1`), as many replicas as the batched server has. No batching
+can make a server faster than the model-free one: every request still crosses the client, the proxy and the
+replica. So when its throughput is under 3x the one-at-a-time server's, no batching reaches 3x on these cores,
+whatever the model.
 
 Each variant runs on a fresh server, in turn, `--rounds` times (figures on a shared machine drift by the minute, so
 only runs side by side are compared):
@@ -26,8 +27,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 VARIANTS = {  # name -> the server command's arguments after the package (None: the model-free server)
@@ -85,25 +84,15 @@ def noop_server(package: Path, port: int, proxy: str | None, replicas: int | Non
     srv.stop()
 
 
-def wait_ready(url: str, proc: subprocess.Popen, limit_s: float = 180) -> None:
-    """Return once every replica answers `url`/healthz (each answer names its replica and how many there are), so
-    no run starts while one is still loading; exit if the server dies or stays silent for `limit_s`."""
-    deadline, seen = time.monotonic() + limit_s, set()
-    while time.monotonic() < deadline:
+def wait_ready(port: int, proc: subprocess.Popen, limit_s: float = 180) -> None:
+    """Return once every replica answers /healthz, so no run starts while one is still loading; exit if the
+    server dies or they do not all answer within `limit_s`."""
+    from edgekit.serve_metrics import wait_for_replicas
+
+    if not wait_for_replicas(port, lambda: proc.poll() is None, limit_s):
         if proc.poll() is not None:
             raise SystemExit(f"the server exited with {proc.returncode} before answering")
-        try:
-            with urllib.request.urlopen(url + "/healthz", timeout=2) as r:  # a new connection each time
-                health = json.loads(r.read())
-            seen.add(health.get("replica"))
-            if len(seen) >= int(health.get("replicas") or 1):
-                return
-            time.sleep(0.1)  # another replica may still be loading: ask again, over a new connection
-            continue
-        except (OSError, ValueError, TypeError, AttributeError):
-            pass
-        time.sleep(1)
-    raise SystemExit(f"{url}: not every replica answered within {limit_s:.0f} s")
+        raise SystemExit(f"port {port}: not every replica answered within {limit_s:.0f} s")
 
 
 def one_run(variant: str, package: Path, data: Path, port: int, duration: float, out: Path, proxy: str,
@@ -118,7 +107,7 @@ def one_run(variant: str, package: Path, data: Path, port: int, duration: float,
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_ready(url, proc)
+        wait_ready(port, proc)
         subprocess.run([str(edgekit), "loadtest", url, "--data", str(data), "--profile", "high",
                         "--duration", str(duration), "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
     finally:

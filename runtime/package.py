@@ -180,6 +180,11 @@ class Package:
         return self.manifest["inputs"][0]["shape"][0] == "batch"
 
     @property
+    def onnx_disabled_optimizers(self) -> list[str]:
+        """ONNX Runtime graph optimizers a session of the ONNX model leaves out (the manifest's field; none)."""
+        return self.manifest.get("onnx_disabled_optimizers", [])
+
+    @property
     def dynamic_seq(self) -> bool:
         """input_ids and attention_mask may be cut to a batch's longest utterance (the manifest's `seq_axis`)."""
         return self.manifest.get("seq_axis") == "dynamic"

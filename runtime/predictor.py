@@ -76,7 +76,7 @@ def onnx_options(pkg: Package, providers: list[str] | None = None) -> dict:
     serve = pkg.manifest.get("serve") or {}
     return {"providers": providers or serve.get("providers") or ["cpu"], "serve": serve, "max_len": pkg.max_len,
             "n_intents": len(pkg.labels["intents"]), "dynamic_seq": pkg.dynamic_seq,
-            "disabled_optimizers": pkg.manifest.get("onnx_disabled_optimizers", [])}
+            "disabled_optimizers": pkg.onnx_disabled_optimizers}
 
 
 class Predictor:
