@@ -8,14 +8,17 @@
 - ExecuTorch: fusion happens inside XNNPACK when the program is lowered; what is recorded is the share of
   compute ops that run in the delegate (export_executorch.delegated_share).
 
-`fuse_onnx(src, dst, check_inputs)` writes the optimized model and reports node counts before and after and
+`fuse_onnx(src, dst, check_inputs, cfg)` writes the optimized model and reports node counts before and after and
 the argmax agreement of every output between fused and unfused graphs on the check inputs.
+`FuseConfig` holds the fusions a profile decides whichever optimizer its fuse stage runs (this one, or the
+transformer optimizer of the server graphs).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,13 +27,31 @@ from edgekit.io import atomic_path
 from edgekit.record import PassRecord
 
 
-def fuse_onnx(src: str | Path, dst: str | Path, check_inputs: list[list[np.ndarray]]) -> PassRecord:
+@dataclass
+class FuseConfig:
+    """ONNX graph fusions of the fuse stage, whichever optimizer it runs."""
+
+    # The residual Add + LayerNormalization fused into SkipLayerNormalization. Off, the manifest's
+    # `onnx_disabled_optimizers` keeps ONNX Runtime from fusing them back at load: ONNX Runtime 1.32's CPU kernel
+    # of it is slow (a server graph: 0.60 ms against 0.08 ms for the two ops; the SNIPS android graph: p50 0.91-0.92
+    # against 1.24-1.30 ms a call, one thread; docs/experiments.md, 2026-12-04). On for a fused GPU kernel.
+    skip_layer_norm: bool = False
+
+    @property
+    def disabled_optimizers(self) -> list[str]:
+        """ONNX Runtime graph optimizers a session of this graph must not run (they would undo a choice above)."""
+        return [] if self.skip_layer_norm else ["SkipLayerNormFusion"]
+
+
+def fuse_onnx(src: str | Path, dst: str | Path, check_inputs: list[list[np.ndarray]],
+              cfg: FuseConfig | None = None) -> PassRecord:
     """Optimize `src` with ONNX Runtime offline into `dst`; compare both on `check_inputs`."""
     import onnx
     import onnxruntime as ort
 
     from edgekit.runtime.backends import OnnxBackend
 
+    cfg = cfg or FuseConfig()
     t0 = time.perf_counter()
     before = onnx.load(str(src))
     with atomic_path(dst) as tmp:
@@ -38,9 +59,10 @@ def fuse_onnx(src: str | Path, dst: str | Path, check_inputs: list[list[np.ndarr
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         so.optimized_model_filepath = str(tmp)
         so.log_severity_level = 3
-        ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"],
+                             disabled_optimizers=cfg.disabled_optimizers)
     after = onnx.load(str(dst))
-    a, b = OnnxBackend(src), OnnxBackend(dst)
+    a, b = OnnxBackend(src), OnnxBackend(dst, disabled_optimizers=cfg.disabled_optimizers)
     same, total = 0, 0
     for x in check_inputs:
         ya, yb = a.run(*x), b.run(*x)

@@ -1,12 +1,12 @@
 """Pass: ONNX Runtime's transformer optimizer on a server graph, then its precision (FP16 or INT8).
 
-`optimize_onnx(src, dst, cfg, check_inputs, calib)`:
+`optimize_onnx(src, dst, cfg, check_inputs, calib, fuse)`:
 1. `fusable`: three rewrites that make torch's dynamo export look like the graphs the optimizer's BERT patterns
    were written for (same answers): the token-type row folded into the position table and the position ids
    computed from input_ids' shape (EmbedLayerNormalization), the attention mask's two-axis Unsqueeze split in
    two, and the attention scale as Div rather than Mul (Attention: the pattern takes the first Mul it finds);
 2. `onnxruntime.transformers.optimizer.optimize_model(model_type="bert")`: fused Attention (or MultiHeadAttention,
-   its Q, K, V projections left as MatMuls), SkipLayerNormalization (unless `skip_layer_norm` is off),
+   its Q, K, V projections left as MatMuls), SkipLayerNormalization (with `FuseConfig.skip_layer_norm`),
    EmbedLayerNormalization, BiasGelu; the fused-node counts and `is_fully_optimized()` are recorded;
 3. precision: fp16 with `keep_io_types` (the decoding graph stays FP32: its blocked-move scores sum past FP16's
    range), or INT8 after the optimizer: dynamic (weights INT8, activations quantized per call, the fused Attention
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgekit.converters.fuse import FuseConfig
 from edgekit.io import atomic_path
 from edgekit.record import PassRecord
 
@@ -47,10 +48,6 @@ class ServerConfig:
     # The fused attention op. "Attention" takes the Q, K and V projections inside (they stay FP32 under static INT8);
     # "MultiHeadAttention" leaves them as MatMuls before it, which static INT8 quantizes.
     attention: str = "Attention"
-    # Residual Add + LayerNormalization fused into SkipLayerNormalization. Off, the package's sessions are told not
-    # to fuse them back at load (manifest `onnx_disabled_optimizers`): ONNX Runtime 1.32's CPU kernel of it took
-    # 7.5x the time of the two ops it replaces (docs/experiments.md, 2026-12-04).
-    skip_layer_norm: bool = True
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -68,20 +65,14 @@ class ServerConfig:
         if self.attention not in ATTENTION_OPS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_OPS)}, got {self.attention!r}")
         # settings of the optimizer's graph, meaningless (and silently ignored) without it
-        if not self.optimize and (self.attention != "Attention" or not self.skip_layer_norm):
-            raise ValueError("attention and skip_layer_norm need optimize = true (the transformer optimizer's choices)")
+        if not self.optimize and self.attention != "Attention":
+            raise ValueError("attention needs optimize = true (the transformer optimizer's choice)")
         if self.int8_outputs and (self.precision, self.int8) != ("int8", "static"):
             raise ValueError("int8_outputs needs precision = int8 and int8 = static")
 
-    @property
-    def disabled_optimizers(self) -> list[str]:
-        """ONNX Runtime graph optimizers a session of this graph must not run (they would undo a choice above)."""
-        return [] if self.skip_layer_norm else ["SkipLayerNormFusion"]
-
-    @property
-    def expected_fusions(self) -> list[str]:
+    def expected_fusions(self, skip_layer_norm: bool) -> list[str]:
         """The fused ops the optimizer should find in a BERT graph, with these settings."""
-        return [self.attention, *(["SkipLayerNormalization"] if self.skip_layer_norm else []),
+        return [self.attention, *(["SkipLayerNormalization"] if skip_layer_norm else []),
                 "EmbedLayerNormalization", "BiasGelu"]
 
 
@@ -178,7 +169,7 @@ def decoding_nodes(model) -> list[str]:
 
 
 def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inputs: list[list[np.ndarray]],
-                  calib: list[list[np.ndarray]] | None = None) -> PassRecord:
+                  calib: list[list[np.ndarray]] | None = None, fuse: FuseConfig | None = None) -> PassRecord:
     """Optimize `src` into `dst` (see the module docstring); check both on `check_inputs`."""
     import onnx
     import onnxruntime as ort
@@ -188,6 +179,7 @@ def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inp
     from edgekit.converters.quantize_onnx import _quiet
 
     ort.set_default_logger_severity(3)  # the optimizer's and calibrator's sessions: no initializer chatter
+    fuse = fuse or FuseConfig()
     t0 = time.perf_counter()
     model = onnx.load(str(src))
     nodes_before = len(model.graph.node)
@@ -197,7 +189,7 @@ def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inp
     prep = Path(dst).with_suffix(".prep.onnx")
     options = FusionOptions("bert")
     options.use_multi_head_attention = cfg.attention == "MultiHeadAttention"
-    options.enable_skip_layer_norm = cfg.skip_layer_norm
+    options.enable_skip_layer_norm = fuse.skip_layer_norm
     opt = _quiet(optimize_model, str(prep), model_type="bert", num_heads=0, hidden_size=0, opt_level=0,
                  optimization_options=options)
     _keep_inputs(opt.model, model)
@@ -218,7 +210,7 @@ def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inp
     extra.update(nodes_before=nodes_before, nodes_after=len(out.graph.node),
                  ops_after=dict(Counter(n.op_type for n in out.graph.node).most_common()),
                  cpu_casts_inserted=_inserted_casts(dst) if cfg.precision == "fp16" else 0)
-    extra.update(_agreement(src, dst, check_inputs, cfg.batch, cfg.seq == "dynamic", cfg.disabled_optimizers))
+    extra.update(_agreement(src, dst, check_inputs, cfg.batch, cfg.seq == "dynamic", fuse.disabled_optimizers))
     rec = PassRecord("optimize_onnx", bytes_before=Path(src).stat().st_size, bytes_after=Path(dst).stat().st_size,
                      seconds=time.perf_counter() - t0, extra=extra)
     if extra.get("batch_parity", {}).get("agree", 1.0) < 1.0:
@@ -226,7 +218,7 @@ def optimize_onnx(src: str | Path, dst: str | Path, cfg: ServerConfig, check_inp
                             "equal the one-by-one ones (dynamic INT8 quantizes a batch with one scale)")
     if extra.get("trim_parity", {}).get("agree", 1.0) < 1.0:
         rec.warnings.append(f"inputs cut to their own length answer differently: {extra['trim_parity']}")
-    missing = [k for k in cfg.expected_fusions if not fused.get(k)]
+    missing = [k for k in cfg.expected_fusions(fuse.skip_layer_norm) if not fused.get(k)]
     if missing:
         rec.warnings.append(f"the transformer optimizer fused no {', '.join(missing)}")
     if cfg.precision == "fp16" and extra["agreement"] < cfg.min_agreement:

@@ -130,6 +130,7 @@ def test_bad_settings_fail_fast_with_one_line(tmp_path):
     for setting, needles in [("distill.alpha=2", ("distill.alpha: must be in [0, 1], got 2",)),
                              ("compress.vocab_budget=100", ("compress.vocab_budget", "exceed")),
                              ("distill.alfa=0.5", ("unknown setting distill.alfa",)),
+                             ("server.skip_layer_norm=false", ("server.skip_layer_norm is now fuse.skip_layer_norm",)),
                              ("teacher.epochs=many", ("teacher.epochs", "expected int")),
                              ("quantize.method=median", ("quantize:", "minmax")),
                              ("package.buckets=[2]", ("package.buckets", ">= 3")),

@@ -70,6 +70,11 @@ def test_manifest_and_both_runtimes_answer_the_same(built):
     out, _ = built
     pkg = Package.load(out)
     assert pkg.manifest["profile"] == "android" and set(pkg.manifest["models"]) == {"executorch", "onnx"}
+    import onnx
+
+    # the phone's ONNX graph keeps Add + LayerNormalization (fuse.skip_layer_norm = false), and says so
+    assert pkg.manifest["onnx_disabled_optimizers"] == ["SkipLayerNormFusion"]
+    assert "SkipLayerNormalization" not in {n.op_type for n in onnx.load(str(out / "model.onnx")).graph.node}
     et, ox = Predictor.open(pkg, "executorch"), Predictor.open(pkg, "onnx")
     for text in ["wake me up at 7 am tomorrow", "", "🎵 play 東京 by queen!", "text mom " + "very " * 200]:
         a, b = et.predict(text), ox.predict(text)

@@ -280,6 +280,8 @@ def test_sigterm_stops_every_process_it_started(package):
         time.sleep(1)
     left = [p for p in tree if p.is_running() and p.status() != "zombie"]
     assert not left, [" ".join(p.cmdline())[:120] for p in left]
+    out = s.proc.stdout.read()  # a clean stop says so and nothing else: no Ray notices of its own shutdown
+    assert "stopping" in out and "(raylet)" not in out and "will not be applied" not in out, out[-2000:]
 
 
 def test_a_haproxy_that_cannot_start_leaves_the_python_proxy_serving(package):

@@ -172,3 +172,21 @@ def test_stop_after_a_start_that_failed_before_ray_starts_nothing(monkeypatch):
     assert not ray.is_initialized()
     monkeypatch.setattr(ray, "init", init)
     stop()  # after a start that failed early: Serve's shutdown would start a Ray of its own to connect to
+
+
+def test_the_shutdown_filter_drops_only_the_controllers_own_exit_notice(monkeypatch):
+    need_module("ray", "the serve extra")
+    import ray._private.worker as worker
+
+    from edgekit.serve import _without_controller_exit_notice
+
+    printed = []
+    monkeypatch.setattr(worker, "print_to_stdstream", lambda data, **kw: printed.append(data["lines"][0]))
+    notice = ("Task ServeController.graceful_shutdown failed. There are infinite retries remaining, so the task will "
+              "be retried. Error: The actor is dead because it was killed by `ray.kill`.")
+    other = "Task ServeController.graceful_shutdown failed: the actor died unexpectedly (out of memory)"
+    with _without_controller_exit_notice():
+        for line in (notice, other, "a worker died"):
+            worker.print_to_stdstream({"lines": [line], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    worker.print_to_stdstream({"lines": [notice], "pid": "raylet", "is_err": False})  # after: printed again
+    assert printed == [other, "a worker died", notice]

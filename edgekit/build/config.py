@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgekit.converters.distill import DistillConfig
+from edgekit.converters.fuse import FuseConfig
 from edgekit.converters.optimize_onnx import ServerConfig
 from edgekit.converters.quantize_executorch import QuantizeConfig
 from edgekit.errors import EdgekitError
@@ -152,8 +153,9 @@ class CascadeSettings:
 
 TABLES: dict[str, type] = {"teacher": TrainConfig, "compress": CompressConfig, "distill": DistillConfig,
                            "quantize": QuantizeConfig, "decoding": DecodingSettings, "budget": BudgetConfig,
-                           "package": PackageSettings, "server": ServerConfig, "serve": ServeSettings,
-                           "network": NetworkSettings, "cascade": CascadeSettings}
+                           "package": PackageSettings, "server": ServerConfig, "fuse": FuseConfig,
+                           "serve": ServeSettings, "network": NetworkSettings, "cascade": CascadeSettings}
+MOVED = {"server.skip_layer_norm": "fuse.skip_layer_norm"}  # settings that moved table: where they went
 ONNX_ONLY = ("method", "percentile", "onnx_weight_only")  # [quantize] settings of ONNX Runtime's own INT8 pass
 # The settings each stage reads ("*": the whole table): they, with the stage's input, make its cache key. A
 # setting a stage does not read is not in its key, so changing it reuses that stage.
@@ -165,9 +167,11 @@ STAGE_SETTINGS = {
                              "prune_samples", "max_retries"), "distill": "*", "budget": "*"},
     # ONNX Runtime quantizes its own export, in the export stage: the settings only it reads are not in this key
     "quantize": {"quantize": tuple(f.name for f in dataclasses.fields(QuantizeConfig) if f.name not in ONNX_ONLY)},
-    "export": {"decoding": "*", "quantize": "*", "server": ("batch", "seq")},
-    "fuse": {"server": "*"},
-    "package": {"package": ("bench_utterances",), "serve": "*", "cascade": ("timeout_s",)},
+    # export and package score and describe the graph as the package's sessions run it: [fuse] says which
+    # optimizers those leave out
+    "export": {"decoding": "*", "quantize": "*", "server": ("batch", "seq"), "fuse": "*"},
+    "fuse": {"server": "*", "fuse": "*"},
+    "package": {"package": ("bench_utterances",), "serve": "*", "cascade": ("timeout_s",), "fuse": "*"},
 }
 
 
@@ -181,6 +185,7 @@ class Settings:
     budget: BudgetConfig
     package: PackageSettings
     server: ServerConfig
+    fuse: FuseConfig
     serve: ServeSettings
     network: NetworkSettings
     cascade: CascadeSettings
@@ -271,6 +276,8 @@ def _check_layer(origin: str, layer: dict) -> None:
         if name not in TABLES or not isinstance(values, dict):
             raise EdgekitError(f"{origin}: unknown table {name!r}; tables: {', '.join(TABLES)}")
         for key in values:
+            if f"{name}.{key}" in MOVED:
+                raise EdgekitError(f"{origin}: {name}.{key} is now {MOVED[f'{name}.{key}']}")
             if key not in _known(name):
                 raise EdgekitError(f"{origin}: unknown setting {name}.{key}; {name} has: "
                                    f"{', '.join(sorted(_known(name)))}")

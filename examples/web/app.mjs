@@ -5,7 +5,7 @@
  */
 import * as ort from "onnxruntime-web/wasm";
 import {SentencePieceProcessor} from "@sctg/sentencepiece-js";
-import {openPackage, predict} from "./client.mjs";
+import {openPackage, predict, sessionOptions} from "./client.mjs";
 
 const $ = (id) => document.getElementById(id);
 const PKG = "pkg/";
@@ -23,7 +23,7 @@ async function load() {
   const labels = await fetchOk(manifest.labels, "json");
   const tokenizerBytes = await fetchOk(manifest.tokenizer.file);
   const session = await ort.InferenceSession.create(await fetchOk(manifest.models.onnx),
-    {executionProviders: ["wasm"]});
+    sessionOptions(manifest, {executionProviders: ["wasm"]}));
   return openPackage({manifest, labels, tokenizerBytes, ort, session, SentencePieceProcessor});
 }
 

@@ -8,7 +8,7 @@
 import {readFile} from "node:fs/promises";
 import {join} from "node:path";
 import * as ort from "onnxruntime-node";
-import {checkManifest, openPackage, predict, PackageError, InputError} from "./client.mjs";
+import {checkManifest, openPackage, predict, sessionOptions, PackageError, InputError} from "./client.mjs";
 
 const WARMUP = 20;
 
@@ -19,7 +19,7 @@ async function open(root, threads) {
   const labels = JSON.parse(await readFile(join(root, manifest.labels), "utf8"));
   const tokenizerBytes = await readFile(join(root, manifest.tokenizer.file));
   const session = await ort.InferenceSession.create(join(root, manifest.models.onnx),
-    {intraOpNumThreads: threads, interOpNumThreads: 1});
+    sessionOptions(manifest, {intraOpNumThreads: threads, interOpNumThreads: 1}));
   return openPackage({manifest, labels, tokenizerBytes, ort, session});
 }
 

@@ -99,6 +99,19 @@ export function checkManifest(manifest) {
 }
 
 /**
+ * ONNX Runtime session options for the package's model: `base`, plus the graph optimizers the build left out on
+ * purpose (`manifest.onnx_disabled_optimizers`, spec) as the session config entry
+ * `optimization.disable_specified_optimizers`; onnxruntime-node and -web pass `extra` through as config entries.
+ * Without it ONNX Runtime fuses those ops back at load: the same answers, slower.
+ */
+export function sessionOptions(manifest, base = {}) {
+  const off = manifest.onnx_disabled_optimizers ?? [];
+  if (off.length === 0) return base;
+  const extra = base.extra ?? {};
+  return {...base, extra: {...extra, optimization: {...extra.optimization, disable_specified_optimizers: off.join(",")}}};
+}
+
+/**
  * Check a package and load its tokenizer. `manifest` and `labels` are the parsed JSON files,
  * `tokenizerBytes` the bytes of `tokenizer.model`, `session` an ONNX Runtime session on `model.onnx`
  * and `ort` the module it came from (for `ort.Tensor`). `SentencePieceProcessor` defaults to

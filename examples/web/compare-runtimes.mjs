@@ -9,7 +9,7 @@ import {readFile} from "node:fs/promises";
 import {join} from "node:path";
 import * as ortNode from "onnxruntime-node";
 import * as ortWeb from "onnxruntime-web/wasm";
-import {openPackage, predict} from "./client.mjs";
+import {openPackage, predict, sessionOptions} from "./client.mjs";
 
 const [root, file, model] = process.argv.slice(2);
 const manifest = JSON.parse(await readFile(join(root, "manifest.json"), "utf8"));
@@ -18,7 +18,7 @@ const tokenizerBytes = await readFile(join(root, manifest.tokenizer.file));
 const bytes = await readFile(model ?? join(root, manifest.models.onnx));
 ortWeb.env.wasm.numThreads = 1;
 const open = async (ort, options) => openPackage({manifest, labels, tokenizerBytes, ort,
-  session: await ort.InferenceSession.create(bytes, options)});
+  session: await ort.InferenceSession.create(bytes, sessionOptions(manifest, options))});
 const native = await open(ortNode, {intraOpNumThreads: 1, interOpNumThreads: 1});
 const wasm = await open(ortWeb, {executionProviders: ["wasm"]});
 const texts = (await readFile(file, "utf8")).split(/\r?\n/).filter((t) => t !== "");

@@ -35,12 +35,12 @@ def test_server_config_refuses_settings_that_would_do_nothing():
 
     with pytest.raises(ValueError, match="attention must be one of"):
         ServerConfig(batch=True, optimize=True, attention="FlashAttention")
-    with pytest.raises(ValueError, match="need optimize = true"):
-        ServerConfig(skip_layer_norm=False)
+    with pytest.raises(ValueError, match="needs optimize = true"):
+        ServerConfig(attention="MultiHeadAttention")
     with pytest.raises(ValueError, match="int8_outputs needs precision = int8 and int8 = static"):
         ServerConfig(optimize=True, precision="fp16", int8_outputs=True)
-    assert ServerConfig(optimize=True, skip_layer_norm=False).disabled_optimizers == ["SkipLayerNormFusion"]
-    assert ServerConfig(optimize=True).disabled_optimizers == []
+    assert ServerConfig().expected_fusions(False) == ["Attention", "EmbedLayerNormalization", "BiasGelu"]
+    assert "SkipLayerNormalization" in ServerConfig().expected_fusions(True)
 
 
 def test_server_graph_is_batched_and_fully_fused(server_cpu):
@@ -168,6 +168,8 @@ def test_server_gpu_falls_back_to_cpu_with_one_warning_and_fp16_agrees(tmp_path,
         pred.predict("wake me up at seven")
     rep, fuse = fuse_record(out)
     assert fuse["extra"]["onnx"]["precision"] == "fp16"
+    assert fuse["extra"]["onnx"]["fused"].get("SkipLayerNormalization")  # [fuse] skip_layer_norm = true: CUDA's kernel
+    assert "onnx_disabled_optimizers" not in json.loads((out / "manifest.json").read_text())
     assert fuse["extra"]["onnx"]["agreement"] >= 0.995 and fuse["extra"]["onnx"]["checked"] > 0
     ran = "CUDAExecutionProvider" if cuda else "CPUExecutionProvider"
     assert rep["package"]["provider"] == ran and pred.provider == ran

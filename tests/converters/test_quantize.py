@@ -136,6 +136,18 @@ def test_int8_exports_to_executorch_in_xnnpack_and_to_onnx_runtime(tmp_path, int
     frec = fuse_onnx(tmp_path / "q.onnx", tmp_path / "f.onnx", cal)
     assert frec.extra["nodes_after"] < frec.extra["nodes_before"]  # QDQ folded into integer kernels
     assert frec.extra["agreement"] == 1.0 and frec.extra["checked"] == len(cal)
+    # by default the residual Add + LayerNormalization stay two ops (ONNX Runtime's CPU SkipLayerNormalization is
+    # slow); FuseConfig(skip_layer_norm=True) fuses them, with the same answers
+    from edgekit.converters.fuse import FuseConfig
+
+    srec = fuse_onnx(tmp_path / "q.onnx", tmp_path / "s.onnx", cal, FuseConfig(skip_layer_norm=True))
+    assert "SkipLayerNormalization" not in frec.extra["ops_after"] and frec.extra["ops_after"].get("LayerNormalization")
+    assert srec.extra["ops_after"].get("SkipLayerNormalization") and srec.extra["agreement"] == 1.0
+    unfused, fused = OnnxBackend(tmp_path / "f.onnx", disabled_optimizers=["SkipLayerNormFusion"]), OnnxBackend(
+        tmp_path / "s.onnx")
+    for x in checks:
+        for a, b in zip(unfused.run(*x), fused.run(*x)):
+            np.testing.assert_allclose(a, b, atol=1e-4)
 
 
 def test_weight4_layers_are_4bit_dynamic_lower_to_xnnpack_and_fall_back_to_int8_first(tmp_path, int8_pte):

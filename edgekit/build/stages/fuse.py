@@ -36,9 +36,9 @@ def _fuse(ctx: Context, src: Path, dst: Path, decoding: bool) -> dict:
     shutil.copyfile(src, unfused)
     if server.optimize:
         calib = calibration(ctx, ctx.settings.quantize.calib_samples, decoding) if server.precision == "int8" else None
-        rec = optimize_onnx(unfused, dst, server, checks, calib)
+        rec = optimize_onnx(unfused, dst, server, checks, calib, ctx.settings.fuse)
     else:
-        rec = fuse_onnx(unfused, dst, checks)
+        rec = fuse_onnx(unfused, dst, checks, ctx.settings.fuse)
     return rec.extra | {"seconds": round(rec.seconds, 2), "warnings": rec.warnings}
 
 

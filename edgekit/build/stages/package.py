@@ -62,7 +62,8 @@ def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
         **({"serve": dataclasses.asdict(ctx.settings.serve)} if ctx.settings.server.batch else {}),
         **({"seq_axis": "dynamic"} if ctx.settings.server.seq == "dynamic" else {}),
         # ONNX Runtime optimizers a session must not run: they would put back a fusion the build measured slower
-        **({"onnx_disabled_optimizers": d} if (d := ctx.settings.server.disabled_optimizers) else {}),
+        **({"onnx_disabled_optimizers": d} if "onnx" in ctx.target.runtimes
+           and (d := ctx.settings.fuse.disabled_optimizers) else {}),
         # Device packages: when to ask a server (runtime/cascade.py); `edgekit compare` calibrates the threshold.
         **({} if ctx.settings.server.batch else {"cascade": {"threshold": None,
                                                              "timeout_s": ctx.settings.cascade.timeout_s}}),
