@@ -25,7 +25,12 @@ from rich.table import Table
 
 from edgekit.errors import EdgekitError
 from edgekit.io import write_json
-from edgekit.serve_metrics import parse_metrics, scrape_all, server_summary  # noqa: F401 (parse_metrics: API)
+from edgekit.serve_metrics import (  # noqa: F401 (parse_metrics: API)
+    parse_metrics,
+    scrape_all,
+    server_summary,
+    wait_for_replicas,
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class Profile:
     idle_s: float = 0.0
 
 
+REPLICA_WAIT_S = 30.0  # the most a load test waits for every replica of a just-started server to answer
 PROFILES: dict[str, Profile] = {
     "low": Profile("low", 4),
     "high": Profile("high", 64),
@@ -167,6 +173,10 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
         replicas = max(1, int(body.get("max_replicas") or body.get("replicas") or 1))
     except (ValueError, TypeError, AttributeError):  # not an edgekit server's health: scrape once
         replicas = 1
+    if replicas > 1:
+        # A server that just became healthy may have a replica the proxy does not route to yet: the first /metrics
+        # scrape would miss it and the figures leave it out ("1 of 2"). Give every replica a moment to answer.
+        wait_for_replicas(port, lambda: True, REPLICA_WAIT_S, host=host, path=base + "/healthz")
 
     def scrape_one():
         try:

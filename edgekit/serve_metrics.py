@@ -75,8 +75,8 @@ class Metrics:
         return "\n".join(out) + "\n"
 
 
-def wait_for_replicas(port: int, alive, limit_s: float) -> bool:
-    """True once every replica of the edgekit server on 127.0.0.1:`port` has answered /healthz (each answer names
+def wait_for_replicas(port: int, alive, limit_s: float, host: str = "127.0.0.1", path: str = "/healthz") -> bool:
+    """True once every replica of the edgekit server on `host`:`port` has answered /healthz (each answer names
     its replica and how many there are; one may still be loading when another answers), False when `alive()`
     turns false or `limit_s` passes. A new connection each time, so the proxy may pick another replica."""
     import http.client
@@ -85,9 +85,9 @@ def wait_for_replicas(port: int, alive, limit_s: float) -> bool:
 
     deadline, seen = time.monotonic() + limit_s, set()
     while alive() and time.monotonic() < deadline:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn = http.client.HTTPConnection(host, port, timeout=5)
         try:
-            conn.request("GET", "/healthz")
+            conn.request("GET", path)
             r = conn.getresponse()
             health = json.loads(r.read()) if r.status == 200 else None
             if isinstance(health, dict):

@@ -244,3 +244,40 @@ def test_progress_bar_render_and_save(server, tmp_path):
     save(result, path)
     assert json.loads(path.read_text()) == result
     assert [p.name for p in path.parent.iterdir()] == ["loadtest.json"]  # no temp file left behind
+
+
+class TwoReplicas(Handler):
+    """Two replicas behind a proxy that routes to the second only from `srv.b_after` on (a just-started server)."""
+
+    def do_GET(self):
+        srv = self.server
+        with srv.lock:
+            srv.calls += 1
+            name = "b" if time.monotonic() >= srv.b_after and srv.calls % 2 else "a"
+        if self.path == "/healthz":
+            self.reply(200, json.dumps({"status": "ok", "replica": name, "replicas": 2}).encode())
+        elif self.path == "/metrics":
+            self.reply(200, srv.replicas[name].text(name).encode(), "text/plain; version=0.0.4")
+        else:
+            self.reply(404, b'{"error": "not found"}')
+
+
+def test_waits_for_every_replica_of_a_just_started_server_before_its_first_scrape():
+    from edgekit.serve_metrics import Metrics
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), TwoReplicas)
+    srv.handle_error = lambda *a: None
+    srv.texts, srv.ports, srv.lock = [], set(), threading.Condition()
+    srv.inflight = srv.max_inflight = srv.hold = srv.calls = 0
+    srv.delay = 0.0
+    srv.replicas = {"a": Metrics("CPUExecutionProvider"), "b": Metrics("CPUExecutionProvider")}  # both started now
+    srv.b_after = time.monotonic() + 0.8
+    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        result = run(f"http://127.0.0.1:{srv.server_address[1]}", ["a"], profile="low", duration_s=0.2, progress=False)
+        # without the wait the first scrape reaches only a, and b (older than that scrape) is left out: "1 of 2"
+        assert result["server"]["replicas_seen"] == 2 and time.monotonic() - t0 >= 0.8
+    finally:
+        srv.shutdown()
+        srv.server_close()
