@@ -82,7 +82,8 @@ def export_onnx(model: torch.nn.Module, cfg: OnnxExportConfig, path: str | Path,
         if rec.extra["trim_parity"]["agree"] < 1.0:
             rec.warnings.append(f"inputs cut to their own length answer differently: {rec.extra['trim_parity']}")
     if parity["intent_argmax_agree"] < 0.995:
-        rec.warnings.append(f"ONNX Runtime intent agreement with eager is {parity['intent_argmax_agree']:.4f}")
+        rec.warnings.append(f"ONNX Runtime intent agreement with eager is {parity['intent_argmax_agree']:.4f} on "
+                                 f"{parity['n']} check inputs (the report's table: the whole test split)")
     if cfg.batch:
         rec.extra["batch_parity"] = batch_parity(backend.run, check_inputs, batch=len(check_inputs))
         if rec.extra["batch_parity"]["agree"] < 1.0:

@@ -14,13 +14,16 @@ cache_app = typer.Typer(help="The stage cache: list or prune its entries.", no_a
 
 @cache_app.command("ls")
 def cache_ls(cache: Annotated[Optional[Path], typer.Option(help="Cache folder (default: $EDGEKIT_CACHE, else "
-                                                           "~/.cache/edgekit).")] = None):
+                                                           "$XDG_CACHE_HOME/edgekit, else ~/.cache/edgekit).")] = None):
     """One line per entry: stage, key, size, last use."""
     import time
 
     from edgekit.build.cache import StageCache, default_dir
 
     c = StageCache(default_dir(str(cache) if cache else None))
+    if not c.root.is_dir():  # nothing was ever cached there, or a mistyped --cache: say which
+        typer.echo(f"no stage cache in {c.root} (no build has used it yet)")
+        return
     entries = c.entries()
     for e in entries:
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e["used"]))

@@ -20,6 +20,20 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 RUNTIMES = ("executorch", "onnx")
 
 
+def _version(value: bool):
+    if value:
+        from edgekit import __version__
+
+        typer.echo(f"edgekit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                   help="Print edgekit's version and exit.")] = False):
+    """Build small, fast on-device intent + slot packages (ExecuTorch and ONNX Runtime)."""
+
+
 def _quiet():
     """Keep the terminal for progress and results: library deprecation chatter is not the user's business."""
     warnings.filterwarnings("ignore")

@@ -108,8 +108,9 @@ def render_markdown(rep: dict) -> str:
                   + ("" if any("without_decoding" in v for v in rep["latency"].values()) else
                      " The graph without decoding was not exported (`decoding.compare_argmax = false`).")]
     lines += _batches(rep)
-    if rep.get("package", {}).get("provider"):
-        lines += ["", f"The shipped package was scored on ONNX Runtime's {rep['package']['provider']}."]
+    if (pkg := rep.get("package", {})).get("provider"):
+        runtime = {"executorch": "ExecuTorch", "onnx": "ONNX Runtime"}.get(pkg.get("runtime"), pkg.get("runtime"))
+        lines += ["", f"The shipped package was scored on {runtime}, provider {pkg['provider']}."]
     warns = [w for p in rep.get("passes", []) for w in p.get("warnings", [])]
     if warns:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in warns]

@@ -116,7 +116,8 @@ class Package:
         folder, each file present with its sha256 and size; with `digest`, the manifest's own sha256."""
         root = Path(root)
         if not root.is_dir():
-            raise PackageError(f"{root}: no such package directory")
+            raise PackageError(f"{root}: " + ("a file, not a package folder" if root.exists() else
+                                              "no such package directory"))
         mpath = root / MANIFEST
         if not mpath.is_file():
             raise PackageError(f"{mpath}: missing; is {root} an edgekit package?")

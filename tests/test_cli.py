@@ -25,8 +25,17 @@ def test_unknown_target(tmp_path):
                           "unknown --target 'toaster'", "android")
 
 
+def test_version():
+    from edgekit import __version__
+
+    res = run("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"edgekit {__version__}"
+
+
 def test_missing_package_dir(tmp_path):
     assert_one_line_error(run("predict", str(tmp_path / "nope"), "hi"), "no such package directory")
+    (tmp_path / "notes.txt").write_text("hi")
+    assert_one_line_error(run("verify", str(tmp_path / "notes.txt")), "notes.txt: a file, not a package folder")
 
 
 def test_bad_data_names_file_and_line(tmp_path):
@@ -210,3 +219,5 @@ def test_cache_ls_and_prune(tmp_path):
     assert "removed 0 entries" in res.stdout
     res = run("cache", "prune", "--cache", str(tmp_path / "c"), "--all")
     assert "removed 1 entries" in res.stdout and c.entries() == []
+    res = run("cache", "ls", "--cache", str(tmp_path / "typo"))  # a folder no build used: said, not "0 entries"
+    assert res.returncode == 0 and "no stage cache in" in res.stdout and not (tmp_path / "typo").exists()
