@@ -10,7 +10,7 @@ import numpy as np
 
 from edgekit.runtime.backends import BACKENDS, open_backend
 from edgekit.runtime.cascade import DEFAULT_TIMEOUT_S, Fallback
-from edgekit.runtime.decode import decode
+from edgekit.runtime.decode import OOS, decode
 from edgekit.runtime.package import Package, PackageError
 from edgekit.runtime.tokenizer import Encoding, SentencePieceTokenizer
 
@@ -83,8 +83,9 @@ class Predictor:
     """`Predictor.open("build/snips-android").predict("play queen")` -> {"intent", "confidence", "slots"}."""
 
     def __init__(self, backend, tokenizer, labels: dict, max_len: int, decoding: bool = False, batched: bool = False,
-                 fallback: Fallback | None = None):
+                 fallback: Fallback | None = None, oos_answer: str = OOS):
         self.backend, self.tokenizer, self.labels, self.max_len = backend, tokenizer, labels, max_len
+        self.oos_answer = oos_answer  # the manifest's decoding.oos_answer: what an utterance without a word gets
         self.decoding = decoding  # the graph decodes (intent mask, rejection, Viterbi) and returns final ids
         self.batched = batched  # the graph has a dynamic batch axis (server profiles)
         self.fallback = fallback  # device first, a server when unsure (runtime/cascade.py)
@@ -123,8 +124,9 @@ class Predictor:
             fallback = Fallback(fallback_url, float(tau), float(fallback_timeout_s or cas.get("timeout_s")
                                                                 or DEFAULT_TIMEOUT_S))
         backend = open_backend(runtime, path, threads, pkg.buckets(runtime), **onnx)
-        return cls(backend, load_tokenizer(pkg), pkg.labels, pkg.max_len, bool(pkg.manifest.get("decoding")),
-                   pkg.batched, fallback)
+        decoding = pkg.manifest.get("decoding") or {}
+        return cls(backend, load_tokenizer(pkg), pkg.labels, pkg.max_len, bool(decoding), pkg.batched, fallback,
+                   decoding.get("oos_answer", OOS))
 
     @property
     def provider(self) -> str:
@@ -164,10 +166,22 @@ class Predictor:
         """Answer one utterance. allow_intents restricts the answer to those intents (the confidence is
         renormalised over them); reject=False turns out-of-scope rejection off. With a fallback server, an unsure
         answer is escalated (see `open`)."""
-        enc = self.encode(text, warn)
-        out = self.run(enc, self.intent_mask(allow_intents), reject)
-        ans = decode(text, enc, out, self.labels, self.decoding)
+        enc, mask = self.encode(text, warn), self.intent_mask(allow_intents)
+        if not enc.words:  # nothing to answer: no model call, no server asked
+            return self.no_words(enc) | ({"escalated": False} if self.fallback else {})
+        ans = decode(text, enc, self.run(enc, mask, reject), self.labels, self.decoding)
         return self.fallback.answer(ans, text, allow_intents, reject) if self.fallback else ans
+
+    def no_words(self, enc: Encoding) -> dict:
+        """The answer to an utterance without a word (empty, or separators only): the package's out-of-scope
+        answer, confidence 0, no slots. The graph would answer [CLS] [SEP] alone with one of the intents, and
+        confidently (SNIPS: 0.73), though nothing was said."""
+        ans = {"intent": self.oos_answer, "confidence": 0.0, "slots": []}
+        if self.labels.get("slot_tags"):
+            ans["tags"] = []
+        if enc.truncated:  # separators past the length limit, and a word after them
+            ans["truncated"] = enc.kept()
+        return ans
 
     def predict_batch(self, texts: list[str], allow_intents: list[list[str] | None] | None = None,
                       reject: list[bool] | bool = True, warn: bool = False) -> list[dict]:
@@ -182,7 +196,8 @@ class Predictor:
             return []
         encs = [self.encode(t, warn) for t in texts]
         out = self.backend.run(*stack([self.inputs(e, self.intent_mask(a), r) for e, a, r in zip(encs, allow, rej)]))
-        return [decode(t, e, row(out, i), self.labels, self.decoding) for i, (t, e) in enumerate(zip(texts, encs))]
+        return [decode(t, e, row(out, i), self.labels, self.decoding) if e.words else self.no_words(e)
+                for i, (t, e) in enumerate(zip(texts, encs))]
     def latency(self, texts: list[str], warmup: int = 20) -> dict:
         """Single-utterance latency of the model call (tokenize and decode excluded), after warm-up."""
         inputs = [self.inputs(self.tokenizer.encode(t, self.max_len)) for t in texts]

@@ -79,8 +79,25 @@ def test_manifest_and_both_runtimes_answer_the_same(built):
     for text in ["wake me up at 7 am tomorrow", "", "🎵 play 東京 by queen!", "text mom " + "very " * 200]:
         a, b = et.predict(text), ox.predict(text)
         assert a["intent"] == b["intent"] and a.get("tags") == b.get("tags")
-        assert set(a) >= {"intent", "confidence", "slots"} and 0 < a["confidence"] <= 1
+        assert set(a) >= {"intent", "confidence", "slots"} and (0 < a["confidence"] <= 1 or text == "")
     assert et.predict("text mom " + "very " * 200)["truncated"]
+
+
+def test_an_utterance_without_a_word_answers_out_of_scope_without_the_model(built):
+    out, _ = built
+    oos = Package.load(out).manifest["decoding"]["oos_answer"]
+    for runtime in ("executorch", "onnx"):
+        pred, calls = Predictor.open(out, runtime), []
+        run = pred.backend.run
+        pred.backend.run = lambda *x: calls.append(1) or run(*x)
+        for text in ["", "   ", "\t\n\u3000"]:
+            for reject in (True, False):
+                assert pred.predict(text, reject=reject) == {"intent": oos, "confidence": 0.0, "slots": [],
+                                                             "tags": []}
+        with pytest.raises(ValueError, match="unknown intent"):  # its options are still checked
+            pred.predict("", allow_intents=["nope"])
+        assert not calls
+        assert pred.predict("play queen")["confidence"] > 0 and calls  # a word: the model answers
 
 
 def test_corrupted_package_is_refused(built, tmp_path):

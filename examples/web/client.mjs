@@ -195,6 +195,13 @@ export async function predict(pkg, text, {allowIntents = null, reject = true} = 
     }
   }
   const {chars, words, ids, wordPos, cut} = tokenize(pkg, text);
+  if (words.length === 0) {
+    // No word (empty, or separators only): the out-of-scope answer, confidence 0, no slots, no model call (spec)
+    const answer = {intent: manifest.decoding.oos_answer, confidence: 0, slots: []};
+    if (S > 0) answer.tags = [];
+    if (cut) answer.truncated = {chars: 0, words: 0};
+    return answer;
+  }
   const int64 = (values, length) => {
     const a = new BigInt64Array(length);
     values.forEach((v, i) => { a[i] = BigInt(v); });

@@ -145,6 +145,7 @@ def test_batched_answers_equal_one_by_one_with_per_utterance_options(server_cpu)
     pred = Predictor.open(Package.load(server_cpu), "onnx")
     assert pred.batched
     texts = [json.loads(line)["text"] for line in DEMO.read_text().splitlines()[:24]]
+    texts[1], texts[2] = "", " \t "  # no word: answered without the model, in a batch as alone
     intents = pred.labels["intents"]
     allow = [None if k % 3 else intents[k % len(intents): k % len(intents) + 2] for k in range(len(texts))]
     reject = [k % 2 == 0 for k in range(len(texts))]
@@ -154,6 +155,7 @@ def test_batched_answers_equal_one_by_one_with_per_utterance_options(server_cpu)
         assert a["intent"] == b["intent"] and a["slots"] == b["slots"]
         assert abs(a["confidence"] - b["confidence"]) < 1e-4
     assert all(m["intent"] in a for m, a in zip(many, allow) if a is not None)
+    assert many[1] == many[2] == {"intent": "oos", "confidence": 0.0, "slots": [], "tags": []}
 
 
 def test_server_gpu_falls_back_to_cpu_with_one_warning_and_fp16_agrees(tmp_path, tiny_bert, server_cpu, caplog):

@@ -44,10 +44,13 @@ def preds(pkg):
 
 
 def valid(ans: dict, pred: Predictor, text: str) -> None:
-    """The documented answer: a known intent (or oos), a confidence in (0, 1], slots that select their value in
-    the text read, one tag per word of the text read."""
+    """The documented answer: a known intent (or oos), a confidence in (0, 1] (0 and oos for a text without a
+    word), slots that select their value in the text read, one tag per word of the text read."""
     assert ans["intent"] in pred.labels["intents"] + ["oos"]
-    assert 0 < ans["confidence"] <= 1
+    if split_words(text[: max_chars(pred.max_len)]):
+        assert 0 < ans["confidence"] <= 1
+    else:
+        assert ans["intent"] == "oos" and ans["confidence"] == 0.0 and ans["slots"] == []
     read = text[: max_chars(pred.max_len)]
     for s in ans["slots"]:
         assert 0 <= s["start"] < s["end"] <= len(read) and s["value"] == text[s["start"]:s["end"]]
