@@ -14,6 +14,7 @@ import http.client
 import ipaddress
 import itertools
 import json
+import logging
 import math
 import socket
 import threading
@@ -43,6 +44,7 @@ class Profile:
     idle_s: float = 0.0
 
 
+log = logging.getLogger("edgekit")
 REPLICA_WAIT_S = 30.0  # the most a load test waits for every replica of a just-started server to answer
 PROFILES: dict[str, Profile] = {
     "low": Profile("low", 4),
@@ -176,7 +178,9 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
     if replicas > 1:
         # A server that just became healthy may have a replica the proxy does not route to yet: the first /metrics
         # scrape would miss it and the figures leave it out ("1 of 2"). Give every replica a moment to answer.
-        wait_for_replicas(port, lambda: True, REPLICA_WAIT_S, host=host, path=base + "/healthz")
+        if not wait_for_replicas(port, lambda: True, REPLICA_WAIT_S, host=host, path=base + "/healthz"):
+            log.warning("not every replica answered /healthz within %.0f s: the server figures may leave some out",
+                        REPLICA_WAIT_S)
 
     def scrape_one():
         try:

@@ -101,7 +101,8 @@ class Predictor:
         fallback_url: an `edgekit serve` server that answers when the device's confidence is below
         `escalate_below` (default: the manifest's `cascade.threshold`) within `fallback_timeout_s` (default:
         the manifest's `cascade.timeout_s`); answers then carry `escalated` (and `fallback` when the server
-        could not answer). spin: ONNX Runtime's threads spin-wait between calls (off on a shared server)."""
+        could not answer; an utterance without a word is never escalated). spin: ONNX Runtime's threads spin-wait
+        between calls (off on a shared server)."""
         pkg = package if isinstance(package, Package) else Package.load(package, digest=digest)
         if digest is not None and pkg.digest != digest.removeprefix("sha256:").lower():
             raise PackageError(f"{pkg.root}: package digest sha256:{pkg.digest} is not the pinned {digest}")
@@ -195,9 +196,13 @@ class Predictor:
         if not n:
             return []
         encs = [self.encode(t, warn) for t in texts]
-        out = self.backend.run(*stack([self.inputs(e, self.intent_mask(a), r) for e, a, r in zip(encs, allow, rej)]))
-        return [decode(t, e, row(out, i), self.labels, self.decoding) if e.words else self.no_words(e)
+        masks = [self.intent_mask(a) for a in allow]  # every row's options checked, words or not
+        run = [i for i, e in enumerate(encs) if e.words]  # the rows the model answers
+        out = self.backend.run(*stack([self.inputs(encs[i], masks[i], rej[i]) for i in run])) if run else None
+        at = {i: k for k, i in enumerate(run)}
+        return [decode(t, e, row(out, at[i]), self.labels, self.decoding) if i in at else self.no_words(e)
                 for i, (t, e) in enumerate(zip(texts, encs))]
+
     def latency(self, texts: list[str], warmup: int = 20) -> dict:
         """Single-utterance latency of the model call (tokenize and decode excluded), after warm-up."""
         inputs = [self.inputs(self.tokenizer.encode(t, self.max_len)) for t in texts]

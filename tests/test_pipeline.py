@@ -79,7 +79,8 @@ def test_manifest_and_both_runtimes_answer_the_same(built):
     for text in ["wake me up at 7 am tomorrow", "", "🎵 play 東京 by queen!", "text mom " + "very " * 200]:
         a, b = et.predict(text), ox.predict(text)
         assert a["intent"] == b["intent"] and a.get("tags") == b.get("tags")
-        assert set(a) >= {"intent", "confidence", "slots"} and (0 < a["confidence"] <= 1 or text == "")
+        assert set(a) >= {"intent", "confidence", "slots"} and (0 < a["confidence"] <= 1 if text else
+                                                                 a["confidence"] == 0.0)
     assert et.predict("text mom " + "very " * 200)["truncated"]
 
 
@@ -98,6 +99,13 @@ def test_an_utterance_without_a_word_answers_out_of_scope_without_the_model(buil
             pred.predict("", allow_intents=["nope"])
         assert not calls
         assert pred.predict("play queen")["confidence"] > 0 and calls  # a word: the model answers
+        # words only past the read limit: nothing read, said so
+        far = pred.predict(" " * 5000 + "play queen", warn=False)
+        assert far["intent"] == oos and far["truncated"] == {"chars": 0, "words": 0}
+    # a cascade does not ask its server about it (this one is not there: asking would say "unreachable")
+    pred = Predictor.open(out, "onnx", fallback_url="http://127.0.0.1:9", escalate_below=1.0)
+    assert pred.predict(" ") == {"intent": oos, "confidence": 0.0, "slots": [], "tags": [], "escalated": False}
+    assert pred.predict("play queen")["fallback"] == "unreachable"  # a word below 1.0: asked
 
 
 def test_corrupted_package_is_refused(built, tmp_path):

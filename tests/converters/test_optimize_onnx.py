@@ -156,6 +156,13 @@ def test_batched_answers_equal_one_by_one_with_per_utterance_options(server_cpu)
         assert abs(a["confidence"] - b["confidence"]) < 1e-4
     assert all(m["intent"] in a for m, a in zip(many, allow) if a is not None)
     assert many[1] == many[2] == {"intent": "oos", "confidence": 0.0, "slots": [], "tags": []}
+    calls, run = [], pred.backend.run
+    pred.backend.run = lambda *x: calls.append(len(x[0])) or run(*x)
+    assert pred.predict_batch(["", " "]) == [many[1]] * 2 and not calls  # no word in the batch: no model call
+    pred.predict_batch(["", "play queen", " "])
+    assert calls == [1]  # only the row with words is run
+    with pytest.raises(ValueError, match="unknown intent"):  # a no-word row's options are still checked
+        pred.predict_batch(["", "play queen"], [["nope"], None])
 
 
 def test_server_gpu_falls_back_to_cpu_with_one_warning_and_fp16_agrees(tmp_path, tiny_bert, server_cpu, caplog):
