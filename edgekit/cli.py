@@ -318,6 +318,9 @@ def doctor(
 
     from edgekit import doctor as dr
 
+    if package is not None and not package.is_dir():  # a mistyped argument, not a broken machine
+        raise EdgekitError(f"{package}: " + ("a file, not a package folder" if package.exists() else
+                                             "no such package directory"))
     checks = dr.run(package)
     Console(width=max(100, Console().width)).print(dr.table(checks))
     for line in dr.fix_lines(checks):  # whole lines a user can copy (a table cell may wrap a command)

@@ -36,6 +36,7 @@ def test_missing_package_dir(tmp_path):
     assert_one_line_error(run("predict", str(tmp_path / "nope"), "hi"), "no such package directory")
     (tmp_path / "notes.txt").write_text("hi")
     assert_one_line_error(run("verify", str(tmp_path / "notes.txt")), "notes.txt: a file, not a package folder")
+    assert_one_line_error(run("doctor", str(tmp_path / "nope")), "no such package directory")  # bad input: 2
 
 
 def test_bad_data_names_file_and_line(tmp_path):
