@@ -109,7 +109,7 @@ def export_executorch(model: torch.nn.Module, cfg: ExecuTorchExportConfig, path:
     on the inputs that fit it."""
     from executorch.exir import to_edge_transform_and_lower
 
-    from edgekit.converters.parity import compare, merge
+    from edgekit.converters.parity import compare, low_agreement, merge
     from edgekit.runtime.backends import ExecuTorchBackend, fit
 
     t0 = time.perf_counter()
@@ -142,7 +142,6 @@ def export_executorch(model: torch.nn.Module, cfg: ExecuTorchExportConfig, path:
         rec.warnings.append(f"length buckets {unchecked} not checked against eager: no check input fits them")
     if info["undelegated_ops"]:
         rec.warnings.append(f"ops outside XNNPACK: {info['undelegated_ops']}")
-    if parity["intent_argmax_agree"] < 0.995:
-        rec.warnings.append(f"ExecuTorch intent agreement with eager is {parity['intent_argmax_agree']:.4f} on "
-                                 f"{parity['n']} check inputs (the report's table: the whole test split)")
+    if warning := low_agreement("ExecuTorch", parity):
+        rec.warnings.append(warning)
     return rec

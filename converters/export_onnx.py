@@ -46,7 +46,7 @@ def export_onnx(model: torch.nn.Module, cfg: OnnxExportConfig, path: str | Path,
     import onnx
 
     from edgekit.converters.decoding import io_names
-    from edgekit.converters.parity import batch_parity, compare, trim_parity
+    from edgekit.converters.parity import batch_parity, compare, low_agreement, trim_parity
     from edgekit.runtime.backends import OnnxBackend
 
     t0 = time.perf_counter()
@@ -81,9 +81,8 @@ def export_onnx(model: torch.nn.Module, cfg: OnnxExportConfig, path: str | Path,
         rec.extra["trim_parity"] = trim_parity(backend.run, check_inputs)
         if rec.extra["trim_parity"]["agree"] < 1.0:
             rec.warnings.append(f"inputs cut to their own length answer differently: {rec.extra['trim_parity']}")
-    if parity["intent_argmax_agree"] < 0.995:
-        rec.warnings.append(f"ONNX Runtime intent agreement with eager is {parity['intent_argmax_agree']:.4f} on "
-                                 f"{parity['n']} check inputs (the report's table: the whole test split)")
+    if warning := low_agreement("ONNX Runtime", parity):
+        rec.warnings.append(warning)
     if cfg.batch:
         rec.extra["batch_parity"] = batch_parity(backend.run, check_inputs, batch=len(check_inputs))
         if rec.extra["batch_parity"]["agree"] < 1.0:

@@ -35,6 +35,15 @@ def compare(model: torch.nn.Module, run, inputs: list[list[np.ndarray]]) -> dict
             "slot_argmax_agree": (tok_same / tok_total) if tok_total else None}
 
 
+def low_agreement(runtime: str, parity: dict, floor: float = 0.995) -> str | None:
+    """The exporters' warning when `runtime`'s intent argmax agrees with eager on fewer than `floor` of the check
+    inputs (`compare`'s result), else None."""
+    if parity["intent_argmax_agree"] >= floor:
+        return None
+    return (f"{runtime} intent agreement with eager is {parity['intent_argmax_agree']:.4f} on {parity['n']} check "
+            "inputs (the report's table: the whole test split)")
+
+
 def same_answer(ref: list[np.ndarray], got: list[np.ndarray], real: np.ndarray | None = None) -> tuple[bool, float]:
     """Whether two runs of a graph (output lists) give the same answer, and their largest float difference:
     integer outputs (ids) equal, float outputs by argmax (per-piece ones only on the `real` pieces, a (B, T)

@@ -31,7 +31,7 @@ def _version(value: bool):
 @app.callback()
 def _options(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                                    help="Print edgekit's version and exit.")] = False):
-    """Build small, fast on-device intent + slot packages (ExecuTorch and ONNX Runtime)."""
+    pass  # the app's help is Typer(help=...)'s
 
 
 def _quiet():
@@ -317,10 +317,10 @@ def doctor(
     from rich.console import Console
 
     from edgekit import doctor as dr
+    from edgekit.runtime.package import package_dir
 
-    if package is not None and not package.is_dir():  # a mistyped argument, not a broken machine
-        raise EdgekitError(f"{package}: " + ("a file, not a package folder" if package.exists() else
-                                             "no such package directory"))
+    if package is not None:  # a mistyped argument is bad input, not a broken machine
+        package_dir(package)
     checks = dr.run(package)
     Console(width=max(100, Console().width)).print(dr.table(checks))
     for line in dr.fix_lines(checks):  # whole lines a user can copy (a table cell may wrap a command)

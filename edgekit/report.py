@@ -109,7 +109,7 @@ def render_markdown(rep: dict) -> str:
                      " The graph without decoding was not exported (`decoding.compare_argmax = false`).")]
     lines += _batches(rep)
     if (pkg := rep.get("package", {})).get("provider"):
-        runtime = {"executorch": "ExecuTorch", "onnx": "ONNX Runtime"}.get(pkg.get("runtime"), pkg.get("runtime"))
+        runtime = RUNTIME_NAMES.get(pkg.get("runtime"), pkg.get("runtime"))
         lines += ["", f"The shipped package was scored on {runtime}, provider {pkg['provider']}."]
     warns = [w for p in rep.get("passes", []) for w in p.get("warnings", [])]
     if warns:

@@ -17,6 +17,15 @@ SCHEMA_FILE = "manifest.schema.json"  # JSON Schema of the manifest: the runtime
 SCHEMA_PATH = Path(__file__).parent / SCHEMA_FILE
 
 
+def package_dir(root: str | Path) -> Path:
+    """`root` as a Path, or PackageError when it is not a folder (one line: missing, or a file)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise PackageError(f"{root}: " + ("a file, not a package folder" if root.exists() else
+                                          "no such package directory"))
+    return root
+
+
 class PackageError(Exception):
     """The folder is not a valid edgekit package."""
 
@@ -114,10 +123,7 @@ class Package:
     def load(cls, root: str | Path, verify: bool = True, digest: str | None = None) -> "Package":
         """Read and check a package folder: the manifest's schema, every file it points to listed and inside the
         folder, each file present with its sha256 and size; with `digest`, the manifest's own sha256."""
-        root = Path(root)
-        if not root.is_dir():
-            raise PackageError(f"{root}: " + ("a file, not a package folder" if root.exists() else
-                                              "no such package directory"))
+        root = package_dir(root)
         mpath = root / MANIFEST
         if not mpath.is_file():
             raise PackageError(f"{mpath}: missing; is {root} an edgekit package?")

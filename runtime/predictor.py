@@ -83,9 +83,10 @@ class Predictor:
     """`Predictor.open("build/snips-android").predict("play queen")` -> {"intent", "confidence", "slots"}."""
 
     def __init__(self, backend, tokenizer, labels: dict, max_len: int, decoding: bool = False, batched: bool = False,
-                 fallback: Fallback | None = None, oos_answer: str = OOS):
+                 fallback: Fallback | None = None, oos_answer: str | None = None):
         self.backend, self.tokenizer, self.labels, self.max_len = backend, tokenizer, labels, max_len
-        self.oos_answer = oos_answer  # the manifest's decoding.oos_answer: what an utterance without a word gets
+        # what an utterance without a word gets: the manifest's decoding.oos_answer (the data's own label, else OOS)
+        self.oos_answer = oos_answer or labels.get("oos_label") or OOS
         self.decoding = decoding  # the graph decodes (intent mask, rejection, Viterbi) and returns final ids
         self.batched = batched  # the graph has a dynamic batch axis (server profiles)
         self.fallback = fallback  # device first, a server when unsure (runtime/cascade.py)
@@ -174,9 +175,9 @@ class Predictor:
         return self.fallback.answer(ans, text, allow_intents, reject) if self.fallback else ans
 
     def no_words(self, enc: Encoding) -> dict:
-        """The answer to an utterance without a word (empty, or separators only): the package's out-of-scope
-        answer, confidence 0, no slots. The graph would answer [CLS] [SEP] alone with one of the intents, and
-        confidently (SNIPS: 0.73), though nothing was said."""
+        """The answer to an utterance without a word read (empty, separators only, or words past the read limit):
+        the package's out-of-scope answer, confidence 0, no slots. The graph would answer [CLS] [SEP] alone with
+        one of the intents, and confidently (SNIPS: 0.73), though nothing was said."""
         ans = {"intent": self.oos_answer, "confidence": 0.0, "slots": []}
         if self.labels.get("slot_tags"):
             ans["tags"] = []
@@ -197,11 +198,11 @@ class Predictor:
             return []
         encs = [self.encode(t, warn) for t in texts]
         masks = [self.intent_mask(a) for a in allow]  # every row's options checked, words or not
-        run = [i for i, e in enumerate(encs) if e.words]  # the rows the model answers
+        run = [i for i, e in enumerate(encs) if e.words]  # the rows the model answers, in order
         out = self.backend.run(*stack([self.inputs(encs[i], masks[i], rej[i]) for i in run])) if run else None
-        at = {i: k for k, i in enumerate(run)}
-        return [decode(t, e, row(out, at[i]), self.labels, self.decoding) if i in at else self.no_words(e)
-                for i, (t, e) in enumerate(zip(texts, encs))]
+        k = iter(range(len(run)))
+        return [decode(t, e, row(out, next(k)), self.labels, self.decoding) if e.words else self.no_words(e)
+                for t, e in zip(texts, encs)]
 
     def latency(self, texts: list[str], warmup: int = 20) -> dict:
         """Single-utterance latency of the model call (tokenize and decode excluded), after warm-up."""

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.build.context import Context
-from edgekit.runtime.decode import OOS
 from edgekit.training import predict_eager, score
 
 
@@ -93,7 +92,7 @@ def runtime_answers(ctx: Context, runtime: str, path: Path, decoding: bool, reje
     # as the package's sessions will run it: inputs cut as the runtime cuts them, the same optimizers left out
     onnx_kw = {"dynamic_seq": server.seq == "dynamic", "disabled_optimizers": ctx.settings.fuse.disabled_optimizers}
     p = Predictor(BACKENDS[runtime](path, **(onnx_kw if runtime == "onnx" else {})), ctx.tokenizer, ctx.labels,
-                  ctx.max_len, decoding, runtime == "onnx" and server.batch, oos_answer=ctx.data.oos_label or OOS)
+                  ctx.max_len, decoding, runtime == "onnx" and server.batch)
     return [p.predict(ex.text, warn=False, reject=reject) for ex in ctx.data.splits["test"]]
 
 

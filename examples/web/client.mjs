@@ -195,13 +195,6 @@ export async function predict(pkg, text, {allowIntents = null, reject = true} = 
     }
   }
   const {chars, words, ids, wordPos, cut} = tokenize(pkg, text);
-  if (words.length === 0) {
-    // No word (empty, or separators only): the out-of-scope answer, confidence 0, no slots, no model call (spec)
-    const answer = {intent: manifest.decoding.oos_answer, confidence: 0, slots: []};
-    if (S > 0) answer.tags = [];
-    if (cut) answer.truncated = {chars: 0, words: 0};
-    return answer;
-  }
   const int64 = (values, length) => {
     const a = new BigInt64Array(length);
     values.forEach((v, i) => { a[i] = BigInt(v); });
@@ -218,16 +211,17 @@ export async function predict(pkg, text, {allowIntents = null, reject = true} = 
   manifest.inputs.forEach((input, k) => {
     feeds[input.name] = new ort.Tensor(input.dtype, data[k], shapes[k]);
   });
-  const out = await session.run(feeds);
+  // No word read: no model call, the out-of-scope answer with confidence 0 (spec); tags [] and slots [] below
+  const out = words.length > 0 ? await session.run(feeds) : null;
 
-  const k = Number(out.intent.data[0]);
+  const k = out ? Number(out.intent.data[0]) : I;
   const answer = {
     intent: k < I ? labels.intents[k] : manifest.decoding.oos_answer,
-    confidence: Number(out.confidence.data[0]),
+    confidence: out ? Number(out.confidence.data[0]) : 0,
     slots: [],
   };
   if (S > 0) {
-    const tagIds = out.tags.data;
+    const tagIds = out?.tags.data;
     answer.tags = words.map((_, w) => (w < wordPos.length ? labels.slot_tags[Number(tagIds[w])] : "O"));
     answer.slots = groupSlots(answer.tags, words, chars);
   }
