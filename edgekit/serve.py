@@ -51,6 +51,10 @@ class ServeSettings:
     # call is padded to its longest utterance only (SNIPS, 2 CPU cores: 32 in two calls of 16 gave the model +20%
     # utterances/s, the served `high` load +16%)
     sub_batch: int = 0
+    # Ray Serve's access log: a line per request in each replica's log file (Ray's session folder, which edgekit serve
+    # never shows). Off, 2 cores under `high`: +7% with no model, +3% one at a time, +2% batched (within noise)
+    # (docs/experiments.md, 2026-12-05); edgekit's own /metrics counts every request either way
+    access_log: bool = False
 
     def __post_init__(self):
         from edgekit.ray_env import PROXIES
@@ -87,6 +91,10 @@ def replica_count(settings: ServeSettings, cpus: float, gpus: float = 0.0) -> Se
     if settings.num_gpus:
         n = min(n, int(gpus / settings.num_gpus + 1e-6))  # 0.3 / 0.1 is 2.9999999999999996
     return replace(settings, replicas=max(1, n))
+
+
+BIND_FAILURES = ("Address already in use", "Failed to bind to address")  # Serve's proxies, when the port was taken
+# between check_port and their own bind
 
 
 class BadRequest(Exception):
@@ -204,7 +212,8 @@ def application(package: Path, settings: ServeSettings):
     # On shutdown, in-flight requests get a few seconds to finish (Ray's default is 20 s, then it kills them).
     grace = {"graceful_shutdown_timeout_s": 5.0, "graceful_shutdown_wait_loop_s": 0.5}
 
-    @serve.deployment(name="edgekit", max_ongoing_requests=s.max_ongoing_requests, **grace)
+    @serve.deployment(name="edgekit", max_ongoing_requests=s.max_ongoing_requests, **grace,
+                      logging_config={"enable_access_log": s.access_log})
     class Replica:
         def __init__(self, files: dict[str, bytes]):
             import tempfile
@@ -316,7 +325,11 @@ def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port:
     A cluster we join keeps the proxy it was started with (RAY_SERVE_ENABLE_HA_PROXY on every node)."""
     import os
 
-    from edgekit.ray_env import proxy_environment, ray_temp_dir
+    from edgekit.errors import EdgekitError
+    from edgekit.ray_env import check_port, proxy_environment, ray_temp_dir
+
+    if not address:  # a cluster's proxies listen on its own nodes
+        check_port(host, port)
 
     # The HTTP proxy drains for 30 s by default before it stops; the processes a local Ray starts inherit this.
     os.environ.setdefault("RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S", "1")
@@ -346,6 +359,10 @@ def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port:
     try:
         serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
     except Exception as e:  # HAProxy is Serve's newer ingress: if it cannot start, the Python proxy serves
+        if not address and any(f in str(e) for f in BIND_FAILURES):
+            stop()
+            raise EdgekitError(f"cannot listen on {host}:{port}: Address already in use (another server?): --port "
+                               "picks another") from None
         if address or os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
             raise
         lines = str(e).splitlines() or [repr(e)]

@@ -38,6 +38,8 @@ def serve(
     threads: Optional[int] = typer.Option(None, help="ONNX Runtime threads per replica."),
     proxy: Optional[str] = typer.Option(None, help="haproxy (default: Serve's HAProxy ingress) or python (Serve's "
                                         "Python proxy); a local Ray only: a cluster keeps its own."),
+    access_log: Optional[bool] = typer.Option(None, "--access-log/--no-access-log", help="Ray Serve's log line per "
+                                              "request in each replica's log file (default: the profile's, off)."),
 ):
     """Serve a package over HTTP on Ray Serve with dynamic batching: POST /predict, POST /predict_batch,
     GET /healthz, GET /metrics (Prometheus). Ctrl-C or SIGTERM stops it and every process it started."""
@@ -45,13 +47,14 @@ def serve(
     import threading
 
     from edgekit import serve as srv
+    from edgekit.ray_env import check_port
     from edgekit.runtime import Package
 
     pkg = Package.load(package)  # a bad package is one `error:` line and exit 2 (main)
     try:
         settings = srv.settings_of(pkg.manifest, replicas=replicas, autoscale=False if replicas is not None else None,
                                    max_batch=max_batch, batch_wait_ms=batch_wait_ms, providers=check_providers(provider),
-                                   threads=threads, proxy=proxy)
+                                   threads=threads, proxy=proxy, access_log=access_log)
     except ValueError as e:
         raise EdgekitError(f"serve: {e}") from None
     try:
@@ -65,6 +68,8 @@ def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
 
+    if not address:  # a port in use is one line before Ray starts, not Serve's traceback after
+        check_port(host, port)
     on_signal()
     try:
         typer.echo(f"starting Ray Serve: {srv.describe(settings, address)}", err=True)

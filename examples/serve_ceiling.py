@@ -12,9 +12,10 @@ Each variant runs on a fresh server, in turn, `--rounds` times (figures on a sha
 only runs side by side are compared):
 
     python examples/serve_ceiling.py PKG ../shared/data/snips [--proxy haproxy|python] [--duration 20] [--rounds 2]
-                                     [--replicas N] [--threads N] [--out build/ceiling]
+                                     [--replicas N] [--threads N] [--access-log] [--out build/ceiling]
 
---replicas and --threads (default: the package's, as `edgekit serve` runs it) apply to all three servers.
+--replicas, --threads (default: the package's, as `edgekit serve` runs it) and --access-log apply to all three
+servers.
 
 Writes one loadtest JSON a run and `summary.json` under --out, and prints a table.
 """
@@ -36,7 +37,8 @@ VARIANTS = {  # name -> the server command's arguments after the package (None: 
 }
 
 
-def noop_server(package: Path, port: int, proxy: str | None, replicas: int | None, threads: int | None) -> None:
+def noop_server(package: Path, port: int, proxy: str | None, replicas: int | None, threads: int | None,
+                access_log: bool = False) -> None:
     """Serve a fixed prediction behind Serve's proxy, as `edgekit serve` would serve `package`; until SIGTERM."""
     import threading
 
@@ -48,11 +50,13 @@ def noop_server(package: Path, port: int, proxy: str | None, replicas: int | Non
 
     pkg = Package.load(package)
     # a fixed count: the package's (replicas = 0 counted by srv.start as for `edgekit serve`), or --replicas
-    settings = srv.settings_of(pkg.manifest, autoscale=False, proxy=proxy, replicas=replicas, threads=threads)
+    settings = srv.settings_of(pkg.manifest, autoscale=False, proxy=proxy, replicas=replicas, threads=threads,
+                               access_log=access_log or None)
     intents = json.loads((package / pkg.manifest["labels"]).read_text())["intents"]
     answer = {"intent": intents[0], "confidence": 0.99, "slots": [], "tags": ["O"] * 8}
 
-    @serve.deployment(name="edgekit", max_ongoing_requests=settings.max_ongoing_requests)
+    @serve.deployment(name="edgekit", max_ongoing_requests=settings.max_ongoing_requests,
+                      logging_config={"enable_access_log": settings.access_log})
     class NoModel:
         def __init__(self, replicas: int):
             import uuid
@@ -133,12 +137,14 @@ def main() -> None:
                     help="replicas of every server, 0: one per CPU (default: the package's)")
     ap.add_argument("--threads", type=int, choices=range(1, 257), metavar="N",
                     help="ONNX Runtime threads per replica (default: the package's)")
+    ap.add_argument("--access-log", action="store_true", help="Ray Serve's access log on (all variants)")
     ap.add_argument("--noop-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.noop_server:
-        return noop_server(args.package, args.port, args.proxy, args.replicas, args.threads)
+        return noop_server(args.package, args.port, args.proxy, args.replicas, args.threads, args.access_log)
     layout = [*(["--replicas", str(args.replicas)] if args.replicas is not None else []),
-              *(["--threads", str(args.threads)] if args.threads is not None else [])]
+              *(["--threads", str(args.threads)] if args.threads is not None else []),
+              *(["--access-log"] if args.access_log else [])]
     if args.data is None:
         ap.error("DATA is required")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -163,7 +169,7 @@ def main() -> None:
         print(f"round {rnd}: batched / one at a time {ratios[-1]['batched_over_one']}x; the model-free ceiling / "
               f"one at a time {ratios[-1]['no_model_over_one']}x")
     summary = {"cpu_count": os.cpu_count(), "duration_s": args.duration, "proxy": args.proxy,
-               "replicas": args.replicas, "threads": args.threads, "runs": rows,
+               "replicas": args.replicas, "threads": args.threads, "access_log": args.access_log, "runs": rows,
                "ratios": ratios}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 

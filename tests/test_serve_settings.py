@@ -190,3 +190,24 @@ def test_the_shutdown_filter_drops_only_the_controllers_own_exit_notice(monkeypa
             worker.print_to_stdstream({"lines": [line], "pid": "raylet", "is_err": False}, ignore_prefix=False)
     worker.print_to_stdstream({"lines": [notice], "pid": "raylet", "is_err": False})  # after: printed again
     assert printed == [other, "a worker died", notice]
+
+
+def test_an_address_this_machine_cannot_listen_on_is_one_line_before_ray_starts():
+    import socket
+
+    from edgekit.ray_env import check_port
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for host in ("127.0.0.1", "0.0.0.0"):  # the wildcard overlaps the loopback listener
+            with pytest.raises(EdgekitError, match=f"cannot listen on {host}:{port}: Address already in use"):
+                check_port(host, port)
+    check_port("127.0.0.1", port)  # free again once the listener closed
+    with pytest.raises(EdgekitError, match="--port 0: must be in 1..65535"):
+        check_port("127.0.0.1", 0)
+    with pytest.raises(EdgekitError, match="cannot listen on 203.0.113.77:"):  # TEST-NET-3: no address of a machine
+        check_port("203.0.113.77", port)
+    with pytest.raises(EdgekitError, match="--host nosuchhost.invalid"):
+        check_port("nosuchhost.invalid", port)
