@@ -169,18 +169,20 @@ class Predictor:
         renormalised over them); reject=False turns out-of-scope rejection off. With a fallback server, an unsure
         answer is escalated (see `open`)."""
         enc, mask = self.encode(text, warn), self.intent_mask(allow_intents)
-        if not enc.words:  # nothing to answer: no model call, no server asked
+        if enc.empty:  # nothing to answer: no model call, no server asked
             return self.no_words(enc) | ({"escalated": False} if self.fallback else {})
         ans = decode(text, enc, self.run(enc, mask, reject), self.labels, self.decoding)
         return self.fallback.answer(ans, text, allow_intents, reject) if self.fallback else ans
 
     def no_words(self, enc: Encoding) -> dict:
-        """The answer to an utterance without a word read (empty, separators only, or words past the read limit):
-        the package's out-of-scope answer, confidence 0, no slots. The graph would answer [CLS] [SEP] alone with
-        one of the intents, and confidently (SNIPS: 0.73), though nothing was said."""
+        """The answer to an utterance that says nothing (`enc.empty`: empty, separators only, words past the read
+        limit only, or words of zero-width and control characters only): the package's out-of-scope answer,
+        confidence 0, no slots, "O" for each word read. The graph would answer [CLS] [SEP] alone with one of the
+        intents, and confidently (SNIPS: 0.73), and a zero-width space ([CLS] [unk] [SEP]) with 0.56, a slot on
+        it too, though nothing was said."""
         ans = {"intent": self.oos_answer, "confidence": 0.0, "slots": []}
         if self.labels.get("slot_tags"):
-            ans["tags"] = []
+            ans["tags"] = ["O"] * len(enc.words)
         if enc.truncated:  # separators past the length limit, and a word after them
             ans["truncated"] = enc.kept()
         return ans
@@ -198,10 +200,10 @@ class Predictor:
             return []
         encs = [self.encode(t, warn) for t in texts]
         masks = [self.intent_mask(a) for a in allow]  # every row's options checked, words or not
-        run = [i for i, e in enumerate(encs) if e.words]  # the rows the model answers, in order
+        run = [i for i, e in enumerate(encs) if not e.empty]  # the rows the model answers, in order
         out = self.backend.run(*stack([self.inputs(encs[i], masks[i], rej[i]) for i in run])) if run else None
         k = iter(range(len(run)))
-        return [decode(t, e, row(out, next(k)), self.labels, self.decoding) if e.words else self.no_words(e)
+        return [self.no_words(e) if e.empty else decode(t, e, row(out, next(k)), self.labels, self.decoding)
                 for t, e in zip(texts, encs)]
 
     def latency(self, texts: list[str], warmup: int = 20) -> dict:

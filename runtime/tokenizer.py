@@ -89,6 +89,9 @@ class Encoding:
     n_words_kept: int  # words whose first piece fits inside max_len (the last may be cut to its first pieces)
     truncated: bool
     chars_read: int = 0  # the text up to here reached the model: the end of its last kept word
+    # no kept word gives a piece of its own (none read, or zero-width and control characters only, each [unk]):
+    # nothing was said, and the model is not asked (runtime/predictor.py)
+    empty: bool = False
 
     def kept(self) -> dict:
         """How much of a truncated text the answer saw: {"chars": the end of the last word that reached the model,
@@ -106,6 +109,10 @@ class Tokenizer:
 
     def word_ids(self, word: str) -> list[int]:
         raise NotImplementedError
+
+    def pieceless(self, word: str) -> bool:
+        """The word normalizes to nothing (zero-width or control characters only): it stands as [unk]."""
+        return False
 
     def encode(self, text: str, max_len: int) -> Encoding:
         """[CLS] pieces [SEP], padded to max_len. Only the first max_chars(max_len) characters are read; pieces
@@ -133,8 +140,9 @@ class Tokenizer:
         n = len(ids)
         pad = max_len - n
         seen = words[kept - 1][2] if kept else 0  # the end of the last word that reached the model
+        empty = all(self.pieceless(word) for word, _, _ in words[:kept])
         return Encoding(ids + [self.pad_id] * pad, [1] * n + [0] * pad, word_index + [-1] * pad, words, kept,
-                        truncated, seen)
+                        truncated, seen, empty)
 
     def length(self, text: str) -> int:
         """Number of pieces including [CLS] and [SEP], untruncated."""
@@ -192,7 +200,7 @@ class SentencePieceTokenizer(Tokenizer):
 
     def word_ids(self, word: str) -> list[int]:
         """Piece ids for one whitespace word; never empty (an all-control word becomes <unk>)."""
-        return self._cache.get(word, self._encode_word)
+        return self._cache.get(word, self.sp.encode) or [self.unk_id]
 
-    def _encode_word(self, word: str) -> list[int]:
-        return self.sp.encode(word) or [self.unk_id]
+    def pieceless(self, word: str) -> bool:
+        return not self._cache.get(word, self.sp.encode)

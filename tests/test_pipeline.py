@@ -95,10 +95,15 @@ def test_an_utterance_without_a_word_answers_out_of_scope_without_the_model(buil
             for reject in (True, False):
                 assert pred.predict(text, reject=reject) == {"intent": oos, "confidence": 0.0, "slots": [],
                                                              "tags": []}
+        # words of characters that normalize to nothing ([unk] each) say nothing either: an O for each word
+        for text, words in [("\u200b", 1), ("\ufeff \u200d\u200b \x07", 3)]:
+            assert pred.predict(text) == {"intent": oos, "confidence": 0.0, "slots": [], "tags": ["O"] * words}
+        assert pred.predict_batch(["\u200b", ""]) == [pred.predict("\u200b"), pred.predict("")]
         with pytest.raises(ValueError, match="unknown intent"):  # its options are still checked
             pred.predict("", allow_intents=["nope"])
         assert not calls
         assert pred.predict("play queen")["confidence"] > 0 and calls  # a word: the model answers
+        assert pred.predict("play \u200b queen")["confidence"] > 0  # [unk] among words with pieces: answered
         # words only past the read limit: nothing read, said so
         far = pred.predict(" " * 5000 + "play queen", warn=False)
         assert far["intent"] == oos and far["truncated"] == {"chars": 0, "words": 0}

@@ -69,7 +69,8 @@ def test_node_cli_prints_what_edgekit_predict_prints(pkg, texts, tmp_path):
     single = subprocess.run(["node", "cli.mjs", str(pkg), texts[0]], cwd=WEB, capture_output=True, text=True,
                             timeout=120)
     assert single.returncode == 0 and single.stdout.strip() == expected[0], single.stderr
-    for text in ["", " \t "]:  # no word: the out-of-scope answer, confidence 0.0, as the Python runtime's
+    # no word, or invisible words only: the out-of-scope answer, confidence 0.0, as the Python runtime's
+    for text in ["", " \t ", "\u200b", "\ufeff \u200d"]:
         res = subprocess.run(["node", "cli.mjs", str(pkg), text], cwd=WEB, capture_output=True, text=True, timeout=120)
         want = json.dumps(python_answers(pkg, [text])[0], ensure_ascii=False)
         assert res.returncode == 0 and res.stdout.strip() == want and '"confidence": 0.0' in want, res.stderr

@@ -142,7 +142,8 @@ export async function openPackage({manifest, labels, tokenizerBytes, ort, sessio
 
 /**
  * Tokenize `text` (spec, Tokenization): the code points read, the words as [start, end) code point
- * spans, the model's input ids, each reached word's first position, and whether anything was cut.
+ * spans, the model's input ids, each reached word's first position, whether anything was cut, and
+ * whether a reached word gave a piece of its own (`said`; false: nothing to answer, spec Answer).
  */
 export function tokenize(pkg, text) {
   const {T, sp} = pkg, special = pkg.manifest.tokenizer.special_ids;
@@ -165,17 +166,19 @@ export function tokenize(pkg, text) {
     else words.push([i, i + 1]);
   }
   const ids = [special.cls], wordPos = [];
+  let said = false;
   for (const [start, end] of words) {
     const room = T - 1 - ids.length;
     if (room === 0) { cut = true; break; }
     let pieces = sp.encodeIds(chars.slice(start, end).join(""));
+    said ||= pieces.length > 0;
     if (pieces.length === 0) pieces = [special.unk];
     wordPos.push(ids.length);
     ids.push(...pieces.slice(0, room));
     if (pieces.length > room) { cut = true; break; }
   }
   ids.push(special.sep);
-  return {chars, words, ids, wordPos, cut};
+  return {chars, words, ids, wordPos, cut, said};
 }
 
 /**
@@ -194,7 +197,7 @@ export async function predict(pkg, text, {allowIntents = null, reject = true} = 
       mask[k] = 1;
     }
   }
-  const {chars, words, ids, wordPos, cut} = tokenize(pkg, text);
+  const {chars, words, ids, wordPos, cut, said} = tokenize(pkg, text);
   const int64 = (values, length) => {
     const a = new BigInt64Array(length);
     values.forEach((v, i) => { a[i] = BigInt(v); });
@@ -211,8 +214,9 @@ export async function predict(pkg, text, {allowIntents = null, reject = true} = 
   manifest.inputs.forEach((input, k) => {
     feeds[input.name] = new ort.Tensor(input.dtype, data[k], shapes[k]);
   });
-  // No word read: no model call, the out-of-scope answer with confidence 0 (spec); tags [] and slots [] below
-  const out = words.length > 0 ? await session.run(feeds) : null;
+  // Nothing said (no word read, or zero-width and control characters only): no model call, the out-of-scope
+  // answer with confidence 0 (spec); "O" for each word and no slots below
+  const out = said ? await session.run(feeds) : null;
 
   const k = out ? Number(out.intent.data[0]) : I;
   const answer = {
@@ -222,7 +226,7 @@ export async function predict(pkg, text, {allowIntents = null, reject = true} = 
   };
   if (S > 0) {
     const tagIds = out?.tags.data;
-    answer.tags = words.map((_, w) => (w < wordPos.length ? labels.slot_tags[Number(tagIds[w])] : "O"));
+    answer.tags = words.map((_, w) => (out && w < wordPos.length ? labels.slot_tags[Number(tagIds[w])] : "O"));
     answer.slots = groupSlots(answer.tags, words, chars);
   }
   if (cut) {

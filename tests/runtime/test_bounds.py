@@ -44,10 +44,12 @@ def preds(pkg):
 
 
 def valid(ans: dict, pred: Predictor, text: str) -> None:
-    """The documented answer: a known intent (or oos), a confidence in (0, 1] (0 and oos for a text without a
-    word), slots that select their value in the text read, one tag per word of the text read."""
+    """The documented answer: a known intent (or oos), a confidence in (0, 1] (0 and oos for a text that says
+    nothing: no word read, or none that reaches the model gives a piece), slots that select their value in the text
+    read, one tag per word of the text read."""
     assert ans["intent"] in pred.labels["intents"] + ["oos"]
-    if split_words(text[: max_chars(pred.max_len)]):
+    kept = split_words(text[: max_chars(pred.max_len)])[: pred.tokenizer.encode(text, pred.max_len).n_words_kept]
+    if any(pred.tokenizer.sp.encode(word) for word, _, _ in kept):  # SentencePiece itself, not Encoding.empty
         assert 0 < ans["confidence"] <= 1
     else:
         assert ans["intent"] == "oos" and ans["confidence"] == 0.0 and ans["slots"] == []
