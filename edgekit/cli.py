@@ -129,7 +129,7 @@ def predict(
     no_reject: bool = typer.Option(False, "--no-reject", help="Turn out-of-scope rejection off."),
     fallback: Optional[str] = typer.Option(None, help="An `edgekit serve` URL asked when the device is unsure "
                                            "(confidence below the manifest's cascade.threshold, or --escalate-below; "
-                                           "never for a text without a word)."),
+                                           "never for a text that says nothing)."),
     escalate_below: Optional[float] = typer.Option(None, help="With --fallback: the confidence below which the "
                                                    "server answers."),
 ):

@@ -75,7 +75,9 @@ def check_port(host: str, port: int) -> None:
     if not 1 <= port <= 65535:
         raise EdgekitError(f"--port {port}: must be in 1..65535")
     try:
-        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        # the address family Serve's proxies bind: IPv4 unless the host is an IPv6 literal
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        _, _, _, _, addr = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     except socket.gaierror as e:
         raise EdgekitError(f"--host {host}: {e.strerror}") from None
     with socket.socket(family, socket.SOCK_STREAM) as s:

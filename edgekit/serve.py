@@ -359,10 +359,10 @@ def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port:
     try:
         serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
     except Exception as e:  # HAProxy is Serve's newer ingress: if it cannot start, the Python proxy serves
-        if not address and any(f in str(e) for f in BIND_FAILURES):
+        bind = next((line.strip() for line in str(e).splitlines() if any(f in line for f in BIND_FAILURES)), None)
+        if not address and bind:
             stop()
-            raise EdgekitError(f"cannot listen on {host}:{port}: Address already in use (another server?): --port "
-                               "picks another") from None
+            raise EdgekitError(f"cannot listen on {host}:{port}: {bind[:200]}") from None
         if address or os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
             raise
         lines = str(e).splitlines() or [repr(e)]

@@ -85,7 +85,7 @@ class Predictor:
     def __init__(self, backend, tokenizer, labels: dict, max_len: int, decoding: bool = False, batched: bool = False,
                  fallback: Fallback | None = None, oos_answer: str | None = None):
         self.backend, self.tokenizer, self.labels, self.max_len = backend, tokenizer, labels, max_len
-        # what an utterance without a word gets: the manifest's decoding.oos_answer (the data's own label, else OOS)
+        # what an utterance that says nothing gets: the manifest's decoding.oos_answer (the data's label, else OOS)
         self.oos_answer = oos_answer or labels.get("oos_label") or OOS
         self.decoding = decoding  # the graph decodes (intent mask, rejection, Viterbi) and returns final ids
         self.batched = batched  # the graph has a dynamic batch axis (server profiles)
@@ -102,7 +102,7 @@ class Predictor:
         fallback_url: an `edgekit serve` server that answers when the device's confidence is below
         `escalate_below` (default: the manifest's `cascade.threshold`) within `fallback_timeout_s` (default:
         the manifest's `cascade.timeout_s`); answers then carry `escalated` (and `fallback` when the server
-        could not answer; an utterance without a word is never escalated). spin: ONNX Runtime's threads spin-wait
+        could not answer; an utterance that says nothing is never escalated). spin: ONNX Runtime's threads spin-wait
         between calls (off on a shared server)."""
         pkg = package if isinstance(package, Package) else Package.load(package, digest=digest)
         if digest is not None and pkg.digest != digest.removeprefix("sha256:").lower():

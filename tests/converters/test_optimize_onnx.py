@@ -145,7 +145,7 @@ def test_batched_answers_equal_one_by_one_with_per_utterance_options(server_cpu)
     pred = Predictor.open(Package.load(server_cpu), "onnx")
     assert pred.batched
     texts = [json.loads(line)["text"] for line in DEMO.read_text().splitlines()[:24]]
-    texts[1], texts[2] = "", " \t "  # no word: answered without the model, in a batch as alone
+    texts[1], texts[2], texts[4] = "", " \t ", "\u200b"  # nothing said: answered without the model, as alone
     intents = pred.labels["intents"]
     allow = [None if k % 3 else intents[k % len(intents): k % len(intents) + 2] for k in range(len(texts))]
     reject = [k % 2 == 0 for k in range(len(texts))]
@@ -156,11 +156,12 @@ def test_batched_answers_equal_one_by_one_with_per_utterance_options(server_cpu)
         assert abs(a["confidence"] - b["confidence"]) < 1e-4
     assert all(m["intent"] in a for m, a in zip(many, allow) if a is not None)
     assert many[1] == many[2] == {"intent": "oos", "confidence": 0.0, "slots": [], "tags": []}
+    assert many[4] == {"intent": "oos", "confidence": 0.0, "slots": [], "tags": ["O"]}  # a zero-width word
     calls, run = [], pred.backend.run
     pred.backend.run = lambda *x: calls.append(len(x[0])) or run(*x)
     assert pred.predict_batch(["", " "]) == [many[1]] * 2 and not calls  # no word in the batch: no model call
-    pred.predict_batch(["", "play queen", " "])
-    assert calls == [1]  # only the row with words is run
+    pred.predict_batch(["", "play queen", " ", "\ufeff \u200d"])
+    assert calls == [1]  # only the row that says something is run
     with pytest.raises(ValueError, match="unknown intent"):  # a no-word row's options are still checked
         pred.predict_batch(["", "play queen"], [["nope"], None])
 
