@@ -194,7 +194,11 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
 
     since, before = time.time(), scrape()
     counter, lock = itertools.count(), threading.Lock()
-    records: list[tuple[str, float, str | None]] = []  # list.append is atomic: workers share it without a lock
+    # (kind, ms, error, when it ended: monotonic s); list.append is atomic: workers share it without a lock
+    records: list[tuple[str, float, str | None, float]] = []
+
+    def send(c: _Client) -> None:
+        records.append((*c.post(base + "/predict", next_text()), time.monotonic()))
     stop, finished = threading.Event(), threading.Event()  # stop: interrupted; finished: burst rounds are over
 
     def next_text():
@@ -204,7 +208,7 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
     def steady_worker():
         c = client()
         while not stop.is_set() and time.monotonic() < deadline:
-            records.append(c.post(base + "/predict", next_text()))
+            send(c)
 
     barrier = threading.Barrier(profile.concurrency + 1)  # the workers and the coordinator
 
@@ -215,7 +219,7 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
             barrier.wait()
             if finished.is_set():
                 return
-            records.append(c.post(base + "/predict", next_text()))
+            send(c)
             barrier.wait()
 
     def coordinator():
@@ -245,9 +249,9 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
     after = scrape()
 
     counts = {kind: sum(1 for r in records if r[0] == kind) for kind in ("ok", "error", "timeout")}
-    latencies = sorted(ms for kind, ms, _ in records if kind == "ok")
+    latencies = sorted(ms for kind, ms, _, _ in records if kind == "ok")
     n = len(records)
-    first_error = next((err for kind, _, err in records if kind == "error"), None)
+    first_error = next((err for kind, _, err, _ in records if kind == "error"), None)
     if first_error is None and counts["timeout"]:
         first_error = f"timed out after {timeout_s:g} s"
     return {
@@ -262,7 +266,27 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
                        "mean": round(sum(latencies) / len(latencies), 3) if latencies else None},
         "server": server_summary(before, after, since) | {"replicas": replicas},
         "first_error": first_error,
+        # about 60 steps: a burst (200 requests in ~0.2 s, then 1 s idle) shows as its waves on a 30 s run
+        "timeline": timeline(records, start, step_s=min(1.0, max(0.1, round(measured / 60, 1)))),
     }
+
+
+def timeline(records: list, start: float, step_s: float = 1.0) -> dict:
+    """The run second by second, by when each request ended: answered, failed (errors and timeouts), and the
+    answered ones' p50 and p99 latency (ms; None in a second without one). For the plot beside loadtest.json."""
+    n = max((int((end - start) / step_s) for *_, end in records), default=-1) + 1
+    ok: list[list[float]] = [[] for _ in range(n)]
+    failed = [0] * n
+    for kind, ms, _, end in records:
+        k = int((end - start) / step_s)
+        if kind == "ok":
+            ok[k].append(ms)
+        else:
+            failed[k] += 1
+    for bucket in ok:
+        bucket.sort()
+    return {"step_s": step_s, "ok": [len(b) for b in ok], "failed": failed,
+            "p50_ms": [_percentile(b, 0.5) for b in ok], "p99_ms": [_percentile(b, 0.99) for b in ok]}
 
 
 def _wait(threads, start: float, duration_s: float, records: list, label: str | None) -> None:

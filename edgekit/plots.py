@@ -141,6 +141,32 @@ def cascade_plot(res: dict, path: Path) -> Path:
     return _save(plt, fig, path)
 
 
+def loadtest_timeline(res: dict, path: Path) -> Path | None:
+    """`edgekit loadtest`: answers per second (failures stacked in red) and their p50 and p99 latency, second by
+    second; a burst profile shows each burst and the idle between. None for a run without a request."""
+    tl = res.get("timeline") or {}
+    if not tl.get("ok"):
+        return None
+    plt, fig, ax = _figure(7.2, 4.2)
+    t = [tl["step_s"] * (k + 0.5) for k in range(len(tl["ok"]))]
+    ax.bar(t, tl["ok"], width=tl["step_s"] * 0.9, color="C0", alpha=0.35, label="answered")
+    if any(tl["failed"]):
+        ax.bar(t, tl["failed"], bottom=tl["ok"], width=tl["step_s"] * 0.9, color="C3", label="errors and timeouts")
+    ax.set_xlabel("time into the run (s)")
+    ax.set_ylabel(f"requests ended per {tl['step_s']:g} s")
+    lat = ax.twinx()
+    for q, style in (("p50", "-"), ("p99", "--")):
+        lat.plot(t, tl[f"{q}_ms"], style, color="C1", marker=".", label=f"latency {q}")
+    lat.set_ylabel("latency of the answered (ms)")
+    lat.set_ylim(bottom=0)
+    handles = ax.get_legend_handles_labels()[0] + lat.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4,
+              fontsize=8, frameon=False)
+    ax.set_title(f"loadtest {res['profile']} (concurrency {res['concurrency']}): {res['throughput_rps']:.0f} req/s, "
+                 f"p99 {res['latency_ms']['p99']} ms", fontsize=10)
+    return _save(plt, fig, path)
+
+
 def write_plots(rep: dict, out: Path) -> dict[str, str]:
     """Every plot the report can draw, written into `out`; returns {kind: file name} for report.md to link."""
     done = {}

@@ -124,6 +124,7 @@ def loadtest(
 
     from edgekit import loadtest as lt
     from edgekit.data import SPLITS, load_dataset
+    from edgekit.plots import loadtest_timeline
 
     lt.check_loopback(url)  # before anything else: no traffic leaves the machine
     if split not in SPLITS:
@@ -132,4 +133,6 @@ def loadtest(
     result = lt.run(url, texts, profile, duration, timeout)
     Console().print(lt.render(result))
     lt.save(result, out)
-    typer.echo(f"written: {out}", err=True)
+    # beside the JSON: loadtest.json -> loadtest.png
+    plot = loadtest_timeline(result, out.with_suffix(".png") if out.suffix != ".png" else out.with_suffix(".t.png"))
+    typer.echo(f"written: {out}" + (f", {plot}" if plot else ""), err=True)

@@ -185,6 +185,37 @@ def test_errors_and_timeouts_are_counted_apart(server):
     assert result["first_error"] == "HTTP 500: boom went the model"
     assert result["throughput_rps"] == pytest.approx(result["ok"] / result["duration_s"], rel=0.01)
     assert len(server.ports) > 1  # a fresh connection after each timeout
+    tl = result["timeline"]  # step by step (0.1 s on this short run), each request in the step it ended
+    assert sum(tl["ok"]) == result["ok"] and sum(tl["failed"]) == result["errors"] + result["timeouts"]
+
+
+def test_the_command_writes_the_figures_and_their_plot(server, tmp_path):
+    import subprocess
+    import sys
+
+    from .conftest import DEMO
+
+    out = tmp_path / "lt" / "loadtest.json"
+    r = subprocess.run([sys.executable, "-m", "edgekit.cli", "loadtest", server.url, "--data", str(DEMO), "--profile",
+                        "low", "--duration", "0.5", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(out.read_text())["ok"] > 0 and out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    assert f"written: {out}, {out.with_suffix('.png')}" in r.stderr
+
+
+def test_timeline_buckets_requests_by_when_they_ended_and_plots_them(tmp_path):
+    from edgekit.plots import loadtest_timeline
+
+    records = [("ok", 10.0, None, 100.2), ("ok", 30.0, None, 100.9), ("error", 5.0, "x", 100.95),
+               ("timeout", 200.0, None, 102.5), ("ok", 20.0, None, 102.7)]
+    tl = loadtest.timeline(records, start=100.0)
+    assert tl == {"step_s": 1.0, "ok": [2, 0, 1], "failed": [1, 0, 1], "p50_ms": [20.0, None, 20.0],
+                  "p99_ms": [29.8, None, 20.0]}
+    assert loadtest.timeline([], start=0.0)["ok"] == []
+    res = {"timeline": tl, "profile": "high", "concurrency": 64, "throughput_rps": 3.0, "latency_ms": {"p99": 29.8}}
+    path = loadtest_timeline(res, tmp_path / "loadtest.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and [p.name for p in tmp_path.iterdir()] == ["loadtest.png"]
+    assert loadtest_timeline(res | {"timeline": loadtest.timeline([], 0.0)}, tmp_path / "none.png") is None
 
 
 def test_metrics_difference(server):
