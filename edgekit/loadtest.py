@@ -236,7 +236,7 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
     threads = [threading.Thread(target=target, daemon=True) for _ in range(profile.concurrency)]
     if profile.burst:
         threads.append(threading.Thread(target=coordinator, daemon=True))
-    start = time.monotonic()
+    start, cpu0 = time.monotonic(), time.process_time()
     deadline = start + duration_s
     for t in threads:
         t.start()
@@ -246,6 +246,8 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
         stop.set()
         raise
     measured = time.monotonic() - start
+    # on the server's own machine the client competes with it for the CPU: say how much it took (all its threads)
+    client_cpu = (time.process_time() - cpu0) / measured
     after = scrape()
 
     counts = {kind: sum(1 for r in records if r[0] == kind) for kind in ("ok", "error", "timeout")}
@@ -261,6 +263,7 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
         "error_rate": round(counts["error"] / n, 4) if n else 0.0,
         "timeout_rate": round(counts["timeout"] / n, 4) if n else 0.0,
         "throughput_rps": round(counts["ok"] / measured, 2),
+        "client_cpu_cores": round(client_cpu, 3),
         "latency_ms": {"p50": _percentile(latencies, 0.5), "p90": _percentile(latencies, 0.9),
                        "p99": _percentile(latencies, 0.99),
                        "mean": round(sum(latencies) / len(latencies), 3) if latencies else None},
@@ -327,6 +330,7 @@ def render(result: dict) -> Table:
         ("mean queue time (ms)", num(srv["mean_queue_ms"])),
         ("provider", srv["provider"] or "-"),
         ("replicas in these figures", f"{srv.get('replicas_seen') or '-'} of {srv.get('replicas') or '-'}"),
+        ("this client's CPU (cores)", num(result.get("client_cpu_cores"))),
     ]
     if result["first_error"]:
         rows.append(("first error", result["first_error"]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
 import threading
 import time
@@ -271,6 +272,8 @@ def test_progress_bar_render_and_save(server, tmp_path):
     shown = out.getvalue()
     assert "latency p50 (ms)" in shown and "throughput (ok req/s)" in shown and "CPUExecutionProvider" in shown
     assert "1:1 2:1 4:2" in shown
+    # the client's own CPU, which on the server's machine it takes from the server: some, and no more than it has
+    assert "this client's CPU (cores)" in shown and 0 < result["client_cpu_cores"] <= os.cpu_count()
     path = tmp_path / "out" / "loadtest.json"
     save(result, path)
     assert json.loads(path.read_text()) == result
