@@ -275,8 +275,8 @@ def run(url: str, texts: list[str], profile: str | Profile = "high", duration_s:
 
 
 def timeline(records: list, start: float, step_s: float = 1.0) -> dict:
-    """The run second by second, by when each request ended: answered, failed (errors and timeouts), and the
-    answered ones' p50 and p99 latency (ms; None in a second without one). For the plot beside loadtest.json."""
+    """The run step by step (`step_s` each), by when each request ended: answered, failed (errors and timeouts),
+    and the answered ones' p50 and p99 latency (ms; None in a step without one). For the plot beside loadtest.json."""
     n = max((int((end - start) / step_s) for *_, end in records), default=-1) + 1
     ok: list[list[float]] = [[] for _ in range(n)]
     failed = [0] * n

@@ -142,8 +142,8 @@ def cascade_plot(res: dict, path: Path) -> Path:
 
 
 def loadtest_timeline(res: dict, path: Path) -> Path | None:
-    """`edgekit loadtest`: answers per second (failures stacked in red) and their p50 and p99 latency, second by
-    second; a burst profile shows each burst and the idle between. None for a run without a request."""
+    """`edgekit loadtest`: the requests that ended in each step of the run (failures stacked in red) and their p50
+    and p99 latency; a burst profile shows each burst and the idle between. None for a run without a request."""
     tl = res.get("timeline") or {}
     if not tl.get("ok"):
         return None

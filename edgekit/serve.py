@@ -93,8 +93,8 @@ def replica_count(settings: ServeSettings, cpus: float, gpus: float = 0.0) -> Se
     return replace(settings, replicas=max(1, n))
 
 
-BIND_FAILURES = ("Address already in use", "Failed to bind to address")  # Serve's proxies, when the port was taken
-# between check_port and their own bind
+# what Serve's proxies (HAProxy, the Python one) say when the address was taken between check_port and their bind
+BIND_FAILURES = ("Address already in use", "Failed to bind to address")
 
 
 class BadRequest(Exception):

@@ -169,8 +169,8 @@ def main() -> None:
         print(f"round {rnd}: batched / one at a time {ratios[-1]['batched_over_one']}x; the model-free ceiling / "
               f"one at a time {ratios[-1]['no_model_over_one']}x")
     summary = {"cpu_count": os.cpu_count(), "duration_s": args.duration, "proxy": args.proxy,
-               "replicas": args.replicas, "threads": args.threads, "access_log": "on" if args.access_log else "the package's", "runs": rows,
-               "ratios": ratios}
+               "replicas": args.replicas, "threads": args.threads,
+               "access_log": "on" if args.access_log else "the package's", "runs": rows, "ratios": ratios}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
