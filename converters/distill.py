@@ -17,11 +17,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from edgekit.data import replace_words, swap_mentions
-from edgekit.model import JointModel, count_params, enable_word_pool, param_bytes
+from edgekit.data.augment import replace_words, swap_mentions
+from edgekit.modeling.model import JointModel, count_params, enable_word_pool, param_bytes
+from edgekit.modeling.training import IGNORE, collate, featurize, fit, predict_eager
 from edgekit.record import PassRecord, PassResult
 from edgekit.runtime.tokenizer import WORD_START
-from edgekit.training import IGNORE, collate, featurize, fit, predict_eager, score
+from edgekit.scoring.score import score
 
 
 @dataclass
@@ -50,8 +51,8 @@ class DistillConfig:
     temperature: float = 4.0
     alpha: float = 0.7  # weight of the soft (teacher) targets
     hidden_weight: float = 1.0  # weight of hidden-state matching (0: logits only)
-    # Extra training utterances, as a share of train, made by swapping slot values (edgekit.data.swap_mentions),
-    # or on intent-only data by replacing a `word_noise` share of words (edgekit.data.replace_words); the teacher
+    # Extra training utterances, as a share of train, made by swapping slot values (edgekit.data.dataset.swap_mentions),
+    # or on intent-only data by replacing a `word_noise` share of words (edgekit.data.dataset.replace_words); the teacher
     # labels them like the rest.
     augment: float = 1.0
     word_noise: float = 0.15

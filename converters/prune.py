@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from edgekit.model import JointModel, ModelConfig, count_params, param_bytes
+from edgekit.modeling.model import JointModel, ModelConfig, count_params, param_bytes
 from edgekit.record import PassRecord, PassResult
 
 

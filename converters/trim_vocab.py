@@ -4,7 +4,7 @@ Kept: every piece the teacher's tokenizer produces on the task corpus, the speci
 pieces (so no input becomes a bare unknown), and the single-character pieces of every corpus character (so
 words whose pieces fall outside a budget still split into known pieces). Under a budget the most frequent
 pieces stay. The embedding rows are gathered to the kept pieces' new ids. The new model's normalizer keeps the CJK and
-Hangul rules for the characters of its pieces and of the corpus (edgekit.normalizer).
+Hangul rules for the characters of its pieces and of the corpus (edgekit.text.normalizer).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from edgekit.model import JointModel, count_params, factorize_embeddings, gather_embeddings, param_bytes
+from edgekit.modeling.model import JointModel, count_params, factorize_embeddings, gather_embeddings, param_bytes
 from edgekit.record import PassRecord, PassResult
 from edgekit.runtime.tokenizer import WORD_START, SentencePieceTokenizer
-from edgekit.vocab import N_FIXED, build_model_proto, normal_pieces
-from edgekit.wordpiece import basic_split
+from edgekit.text.vocab import N_FIXED, build_model_proto, normal_pieces
+from edgekit.text.wordpiece import basic_split
 
 
 @dataclass

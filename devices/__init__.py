@@ -1,1 +1,1 @@
-"""Device profiles, kept as data: one TOML file per target (read by edgekit.targets)."""
+"""Device profiles, kept as data: one TOML file per target (read by edgekit.engine.targets)."""

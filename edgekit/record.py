@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# What an exported artifact is checked against (an exporter's record.extra["against"]), as people read it: the
+# quantize stage's model (ExecuTorch lowers that quantization), or the FP32 model (unquantized graphs, and ONNX
+# Runtime's own quantization of its export).
+AGAINST = {"int8": "INT8 (quantize stage)", "fp32": "FP32"}
+
 
 @dataclass
 class PassRecord:

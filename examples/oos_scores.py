@@ -16,12 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from edgekit.build.cache import built_entry
-from edgekit.calibration import auroc, best_threshold, fit_temperature, operating_point, scores
-from edgekit.data import load_dataset
-from edgekit.model import load_model
+from edgekit.data.dataset import load_dataset
+from edgekit.engine.cache import built_entry
+from edgekit.modeling.model import load_model
+from edgekit.modeling.training import collate, featurize
 from edgekit.runtime.tokenizer import SentencePieceTokenizer
-from edgekit.training import collate, featurize, labels_of
+from edgekit.scoring.confidence import auroc, best_threshold, fit_temperature, operating_point, scores
+from edgekit.scoring.score import labels_of
 
 
 def logits(model, tok, data, split, max_len):

@@ -20,13 +20,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edgekit.build.runner import choose_max_len
 from edgekit.converters.fuse import FuseConfig
 from edgekit.converters.optimize_onnx import ServerConfig, optimize_onnx
-from edgekit.data import load_dataset
-from edgekit.model import default_base_model, load_pretrained
+from edgekit.data.dataset import load_dataset
+from edgekit.engine.runner import choose_max_len
+from edgekit.modeling.model import default_base_model, load_pretrained
 from edgekit.runtime.backends import cut
-from edgekit.wordpiece import WordPieceTokenizer
+from edgekit.text.wordpiece import WordPieceTokenizer
 
 
 def export(model, path: Path, max_len: int, dynamic_seq: bool) -> None:

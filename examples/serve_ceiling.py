@@ -45,8 +45,8 @@ def noop_server(package: Path, port: int, proxy: str | None, replicas: int | Non
     from ray import serve
     from starlette.responses import JSONResponse, PlainTextResponse
 
-    from edgekit import serve as srv
     from edgekit.runtime import Package
+    from edgekit.serve import app as srv
 
     pkg = Package.load(package)
     # a fixed count: the package's (replicas = 0 counted by srv.start as for `edgekit serve`), or --replicas
@@ -91,7 +91,7 @@ def noop_server(package: Path, port: int, proxy: str | None, replicas: int | Non
 def wait_ready(port: int, proc: subprocess.Popen, limit_s: float = 180) -> None:
     """Return once every replica answers /healthz, so no run starts while one is still loading; exit if the
     server dies or they do not all answer within `limit_s`."""
-    from edgekit.serve_metrics import wait_for_replicas
+    from edgekit.serve.metrics import wait_for_replicas
 
     if not wait_for_replicas(port, lambda: proc.poll() is None, limit_s):
         if proc.poll() is not None:

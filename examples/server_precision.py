@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 from edgekit.converters.parity import batch_parity
-from edgekit.data import load_dataset
+from edgekit.data.dataset import load_dataset
 from edgekit.runtime import Predictor
 from edgekit.runtime.predictor import alternating_latency, stack
-from edgekit.training import score
+from edgekit.scoring.score import score
 
 
 def run(data: str, packages: list[str], n: int = 300) -> list[dict]:

@@ -1,6 +1,6 @@
 """Measure the tokenizer.model edgekit writes (the pre-tokenizer compiled into its normalizer, which the runtime and
 any SentencePiece read alone) against the base model's own pre-tokenizer (basic_split + sp.encode(" ".join(toks))
-under the identity normalizer: edgekit.normalizer.ReferenceTokenizer), in Python and in Debian's C++ spm_encode.
+under the identity normalizer: edgekit.text.normalizer.ReferenceTokenizer), in Python and in Debian's C++ spm_encode.
 
 Run from the checkout: python examples/spm_normalizer_check.py [--sweep]  (writes build/spm-check/*)
 """
@@ -17,10 +17,10 @@ from pathlib import Path
 import sentencepiece as spm
 
 from edgekit.converters.trim_vocab import piece_counts, select_pieces
-from edgekit.normalizer import ALL, ReferenceTokenizer, is_exact, script_chars
 from edgekit.runtime.tokenizer import SentencePieceTokenizer, split_words
-from edgekit.vocab import build_model_proto, from_wordpiece
-from edgekit.wordpiece import WordPieceTokenizer
+from edgekit.text.normalizer import ALL, ReferenceTokenizer, is_exact, script_chars
+from edgekit.text.vocab import build_model_proto, from_wordpiece
+from edgekit.text.wordpiece import WordPieceTokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"

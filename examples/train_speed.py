@@ -15,11 +15,12 @@ import time
 
 import torch
 
-from edgekit.data import load_dataset
-from edgekit.model import default_base_model, gather_embeddings, load_pretrained
-from edgekit.training import collate, featurize, fit, joint_loss, labels_of
-from edgekit.vocab import from_wordpiece
-from edgekit.wordpiece import WordPieceTokenizer
+from edgekit.data.dataset import load_dataset
+from edgekit.modeling.model import default_base_model, gather_embeddings, load_pretrained
+from edgekit.modeling.training import collate, featurize, fit, joint_loss
+from edgekit.scoring.score import labels_of
+from edgekit.text.vocab import from_wordpiece
+from edgekit.text.wordpiece import WordPieceTokenizer
 
 
 def main():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgekit.runtime.package import PackageError
+from edgekit.runtime.package import RUNTIMES, PackageError
 
 _ET_THREADS: int | None = None
 _ET_LOADED = False
@@ -211,7 +211,8 @@ class Bucketed:
         return self.runners[L].run(*(inputs if L == inputs[0].shape[1] else fit(inputs, L)))
 
 
-BACKENDS = {"executorch": ExecuTorchBackend, "onnx": OnnxBackend}
+BACKENDS = {b.name: b for b in (ExecuTorchBackend, OnnxBackend)}
+assert tuple(BACKENDS) == RUNTIMES, "a backend per runtime name (package.RUNTIMES)"
 
 
 def open_backend(runtime: str, path: str | Path, threads: int = 1, buckets: list[dict] | None = None, **onnx):

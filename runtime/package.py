@@ -13,6 +13,10 @@ from pathlib import Path
 
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
+# The runtimes a package may carry, by the name manifests, profiles and --runtime use, and as people read them.
+RUNTIME_NAMES = {"executorch": "ExecuTorch", "onnx": "ONNX Runtime"}
+RUNTIMES = tuple(RUNTIME_NAMES)
+MODEL_FILES = {"executorch": "model.pte", "onnx": "model.onnx"}  # each runtime's model file in a package
 SCHEMA_FILE = "manifest.schema.json"  # JSON Schema of the manifest: the runtime's copy, shipped in every package
 SCHEMA_PATH = Path(__file__).parent / SCHEMA_FILE
 
@@ -38,7 +42,7 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-# The build writes these beside the package (report and its plots, edgekit.plots.PLOTS); not part of it.
+# The build writes these beside the package (report and its plots, edgekit.reporting.plots.PLOTS); not part of it.
 REPORTS = ("report.json", "report.md", "oos_curve.png", "stages.png")
 
 

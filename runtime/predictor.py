@@ -11,6 +11,7 @@ import numpy as np
 from edgekit.runtime.backends import BACKENDS, open_backend
 from edgekit.runtime.cascade import DEFAULT_TIMEOUT_S, Fallback
 from edgekit.runtime.decode import OOS, decode
+from edgekit.runtime.latency import summary
 from edgekit.runtime.package import Package, PackageError
 from edgekit.runtime.tokenizer import Encoding, SentencePieceTokenizer
 
@@ -216,7 +217,7 @@ class Predictor:
             t0 = time.perf_counter()
             self.backend.run(*x)
             times.append((time.perf_counter() - t0) * 1000)
-        return {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99)), "n": len(times)}
+        return summary(times)
 
 
 def paired_latency(a: Predictor, b: Predictor, texts: list[str], rounds: int = 3, warmup: int = 20,
@@ -245,5 +246,4 @@ def alternating_latency(preds: list[Predictor], texts: list[str], rounds: int = 
                     t0 = time.perf_counter()
                     preds[j].backend.run(*xs[j][k])
                     times[j].append((time.perf_counter() - t0) * 1000)
-    return [{"p50_ms": float(np.percentile(t, 50)), "p99_ms": float(np.percentile(t, 99)), "n": len(t)}
-            for t in times]
+    return [summary(t) for t in times]

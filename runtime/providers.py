@@ -16,6 +16,7 @@ from pathlib import Path
 
 log = logging.getLogger("edgekit.runtime")
 
+DEFAULT_MAX_BATCH = 32  # texts per batched call, when a package's `serve` table does not say ([serve] max_batch)
 PROVIDERS = {"tensorrt": "TensorrtExecutionProvider", "cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
 _WARNED: set[tuple] = set()
 
@@ -29,7 +30,7 @@ def provider_options(name: str, serve: dict | None = None, max_len: int = 64, n_
         return {"gpu_mem_limit": int(gb * (1 << 30)), "arena_extend_strategy": "kSameAsRequested",
                 "cudnn_conv_algo_search": "HEURISTIC"}
     if name == "tensorrt":
-        b, t = serve.get("max_batch", 32), max_len
+        b, t = serve.get("max_batch", DEFAULT_MAX_BATCH), max_len
         # one optimization profile over the batch axis of every input, and over the sequence axis of input_ids and
         # attention_mask when it is dynamic (3 to max_len pieces); the word positions keep the package's length
         seq = {"min": 3, "opt": max(3, t // 2), "max": t} if dynamic_seq else {"min": t, "opt": t, "max": t}

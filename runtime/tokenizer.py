@@ -4,7 +4,7 @@ Words are the runs of non-whitespace characters (WHITESPACE below, a fixed set: 
 slots are tagged on words. Each word goes through `SentencePieceProcessor.encode` alone and becomes one or more
 pieces (none: `<unk>`). The first piece of each word carries that word's slot tag. All normalisation (case,
 accents, punctuation, CJK, control characters) is compiled into `tokenizer.model`'s own normalizer at build time
-(`edgekit.normalizer`), so any SentencePiece implementation given the file gives these ids
+(`edgekit.text.normalizer`), so any SentencePiece implementation given the file gives these ids
 (docs/package-format.md).
 
 Bounded work: the text is cut to `max_chars(max_len)` characters before tokenization, then to max_len pieces;

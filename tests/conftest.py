@@ -102,10 +102,11 @@ def stage_cache(tmp_path_factory):
 # Test files by their cost in CI (seconds at one thread; measured with `--durations` on 2026-12-02), longest
 # first. With `--dist loadfile --no-loadscope-reorder` (Makefile) the two workers take files in this order, so the
 # long ones start first and neither worker idles at the end while the other runs a long file.
-COST_S = {"test_integration.py": 250, "test_pipeline.py": 240, "converters/test_quantize.py": 175, "test_serve.py": 160,
-          "test_cli.py": 155, "test_compress.py": 90, "test_golden.py": 75, "test_repro.py": 65, "test_web.py": 65,
-          "runtime/test_bounds.py": 45, "converters/test_decoding.py": 41, "converters/test_export.py": 38,
-          "test_doctor.py": 37, "converters/test_optimize_onnx.py": 36, "runtime/test_buckets.py": 26}
+COST_S = {"test_integration.py": 250, "engine/test_pipeline.py": 240, "converters/test_quantize.py": 175,
+          "serve/test_serve.py": 160, "cli/test_cli.py": 155, "engine/test_compress.py": 90, "test_golden.py": 75,
+          "test_repro.py": 65, "serve/test_web.py": 65, "runtime/test_bounds.py": 45, "converters/test_decoding.py": 41,
+          "converters/test_export.py": 38, "tools/test_doctor.py": 37, "converters/test_optimize_onnx.py": 36,
+          "runtime/test_buckets.py": 26}
 
 
 def pytest_collection_modifyitems(items):

@@ -79,8 +79,8 @@ def golden_data(folder: Path) -> Path:
 
 def golden_build(folder: Path) -> dict:
     """Build the golden package in `folder`; return every test utterance's answer through both runtimes."""
-    from edgekit.build import BuildConfig, build
-    from edgekit.data import load_dataset
+    from edgekit.data.dataset import load_dataset
+    from edgekit.engine import BuildConfig, build
     from edgekit.runtime import Package, Predictor
 
     data = golden_data(folder)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from edgekit.build import BuildConfig, build
+from edgekit.engine import BuildConfig, build
 
 from .conftest import SHARED, need, need_module
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from edgekit.build import BuildConfig, build
+from edgekit.engine import BuildConfig, build
 from edgekit.runtime import Package, Predictor
 
 from .conftest import DEMO
@@ -128,7 +128,7 @@ def test_same_seed_gives_bit_identical_checkpoints_and_packages(twin):
 
 @pytest.mark.parametrize("runtime", ["executorch", "onnx"])
 def test_same_seed_gives_identical_answers(twin, runtime):
-    from edgekit.data import load_dataset
+    from edgekit.data.dataset import load_dataset
 
     root, _ = twin
     texts = [ex.text for ex in load_dataset(root / "data.jsonl").splits["test"]] + ["", "play 東京 by queen!"]
@@ -139,8 +139,8 @@ def test_same_seed_gives_identical_answers(twin, runtime):
 
 def teacher_alone(data: Path, folder: Path, base: Path, seed: int) -> bytes:
     """The teacher stage run by itself, cache and OUT/ in `folder` (a build must go on to a package): its weights."""
-    import edgekit.build.stages  # noqa: F401  (the stages register on import)
-    from edgekit.build.runner import key_of, prepare, run_stage
+    from edgekit.engine.keys import key_of
+    from edgekit.engine.runner import prepare, run_stage
 
     ctx = prepare(BuildConfig(data=str(data), out=str(folder / "out"), base_model=str(base), seed=seed,
                               cache=str(folder / "cache"), stages=STAGES, settings=SETTINGS))
@@ -205,8 +205,8 @@ def test_publishing_removes_only_stale_files_edgekit_wrote(tmp_path):
     was written goes; one the user changed, or a user's file a hand-edited manifest names, stays."""
     from types import SimpleNamespace
 
-    from edgekit.build.context import PackageResult
-    from edgekit.build.stages.package import attach
+    from edgekit.engine.context import PackageResult
+    from edgekit.engine.stages.package import attach
     from edgekit.runtime.package import sha256
 
     out, new = tmp_path / "out", tmp_path / "entry"

@@ -13,7 +13,7 @@ from edgekit.converters.decoding import (
     with_decoding,
     word_positions,
 )
-from edgekit.model import JointModel, ModelConfig
+from edgekit.modeling.model import JointModel, ModelConfig
 
 TAGS = ["O", "B-a", "I-a", "B-b", "I-b"]
 INTENTS = ["play", "stop", "weather"]
@@ -234,9 +234,9 @@ def test_each_runtime_gets_its_back_tracking_on_shared_weights():
                                                ("energy", 0.7)])
 def test_graph_confidence_and_rejection_match_the_calibration_module(score, temperature):
     """The graph's confidence is softmax(masked logits / T)'s top probability, and it refuses exactly the
-    utterances whose score (confidence or energy, as edgekit.calibration computes them) is below the threshold."""
-    from edgekit.calibration import scores
+    utterances whose score (confidence or energy, as edgekit.scoring.confidence computes them) is below the threshold."""
     from edgekit.converters.decoding import NEG
+    from edgekit.scoring.confidence import scores
 
     raw = tiny()
     arrays = graph_inputs(6)

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from edgekit.converters.distill import DistillConfig, DistillInputs, distill, kd_loss
-from edgekit.data import load_dataset
-from edgekit.model import JointModel, ModelConfig, gather_embeddings
-from edgekit.training import labels_of
-from edgekit.vocab import from_wordpiece
+from edgekit.data.dataset import load_dataset
+from edgekit.modeling.model import JointModel, ModelConfig, gather_embeddings
+from edgekit.scoring.score import labels_of
+from edgekit.text.vocab import from_wordpiece
 
 from ..conftest import DEMO, make_vocab
 
@@ -129,7 +129,7 @@ def test_distill_matches_hidden_states_in_fp32_and_bf16(bf16):
 
 
 def test_distill_augments_intent_only_data_by_replacing_words():
-    from edgekit.data import Example
+    from edgekit.data.dataset import Example
 
     data = load_dataset(DEMO)
     plain = [Example(ex.words, ex.intent) for ex in data.splits["train"][:100]]

@@ -4,7 +4,7 @@ import torch
 
 from edgekit.converters.export_executorch import ExecuTorchExportConfig, export_executorch
 from edgekit.converters.export_onnx import OnnxExportConfig, export_onnx
-from edgekit.model import JointModel, ModelConfig
+from edgekit.modeling.model import JointModel, ModelConfig
 
 L = 16
 
@@ -14,7 +14,7 @@ def tiny(n_slots=5, word_pool=False):
     m = JointModel(ModelConfig(vocab_size=60, hidden=16, heads=[2, 4], ffn=[32, 16], head_dim=4, n_intents=3,
                                n_slots=n_slots)).eval()
     if word_pool:
-        from edgekit.model import enable_word_pool
+        from edgekit.modeling.model import enable_word_pool
 
         enable_word_pool(m, [i % 3 == 0 for i in range(60)])  # a third of the pieces continue a word
     return m

@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from edgekit.build import BuildConfig, build
+from edgekit.engine import BuildConfig, build
 from edgekit.runtime import Package, Predictor
 from edgekit.runtime.backends import OnnxBackend
 
@@ -191,7 +191,7 @@ def test_server_gpu_falls_back_to_cpu_with_one_warning_and_fp16_agrees(tmp_path,
 
 
 def test_batch_needs_onnx_only(tmp_path, tiny_bert):
-    from edgekit.build.config import resolve
+    from edgekit.engine.config import resolve
     from edgekit.errors import EdgekitError
 
     with pytest.raises(EdgekitError, match=r"^--set: server.batch needs a profile with runtimes .*devices/android"):

@@ -1,8 +1,8 @@
 import torch
 
 from edgekit.converters.prune import PruneConfig, apply_plan, prune
-from edgekit.model import JointModel, ModelConfig, count_params
-from edgekit.training import joint_loss
+from edgekit.modeling.model import JointModel, ModelConfig, count_params
+from edgekit.modeling.training import joint_loss
 
 
 def tiny():

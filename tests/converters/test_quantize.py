@@ -9,7 +9,7 @@ from edgekit.converters.quantize_executorch import (
     linear_names,
     quantize_executorch,
 )
-from edgekit.model import JointModel, ModelConfig
+from edgekit.modeling.model import JointModel, ModelConfig
 
 T = 12
 
@@ -109,7 +109,7 @@ def test_int8_exports_to_executorch_in_xnnpack_and_to_onnx_runtime(tmp_path, int
     from edgekit.converters.export_onnx import OnnxExportConfig, export_onnx
     from edgekit.converters.fuse import fuse_onnx
     from edgekit.converters.quantize_onnx import quantize_onnx
-    from edgekit.model import param_bytes
+    from edgekit.modeling.model import param_bytes
     from edgekit.runtime.backends import OnnxBackend
 
     m, rec, checks = tiny(), int8_pte, CHECKS
@@ -219,7 +219,7 @@ def test_word_pooled_model_quantizes_only_its_linears(tmp_path):
     from edgekit.converters.export_executorch import ExecuTorchExportConfig, export_executorch
     from edgekit.converters.export_onnx import OnnxExportConfig, export_onnx
     from edgekit.converters.quantize_onnx import quantize_onnx
-    from edgekit.model import enable_word_pool
+    from edgekit.modeling.model import enable_word_pool
 
     m = tiny()
     enable_word_pool(m, [i % 4 == 0 for i in range(80)])

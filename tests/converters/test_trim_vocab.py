@@ -5,9 +5,9 @@ import sentencepiece as spm
 import torch
 
 from edgekit.converters.trim_vocab import TrimVocabConfig, trim_vocab
-from edgekit.model import JointModel, ModelConfig, gather_embeddings
-from edgekit.vocab import N_FIXED, from_wordpiece
-from edgekit.wordpiece import WordPieceTokenizer
+from edgekit.modeling.model import JointModel, ModelConfig, gather_embeddings
+from edgekit.text.vocab import N_FIXED, from_wordpiece
+from edgekit.text.wordpiece import WordPieceTokenizer
 
 from ..conftest import SHARED, make_vocab, need, need_module
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgekit.build import BuildConfig, build
+from edgekit.engine import BuildConfig, build
 from edgekit.runtime import Predictor
 from edgekit.runtime.tokenizer import (
     CACHE_BYTES,
@@ -20,7 +20,7 @@ from edgekit.runtime.tokenizer import (
     max_chars,
     split_words,
 )
-from edgekit.wordpiece import WordPieceTokenizer
+from edgekit.text.wordpiece import WordPieceTokenizer
 
 from ..conftest import DEMO
 
@@ -137,7 +137,7 @@ def test_empty_allow_intents_is_an_error(preds, runtime):
 
 def test_eval_on_data_whose_labels_the_package_lacks(pkg, tmp_path):
     from edgekit.errors import EdgekitError
-    from edgekit.evaluate import evaluate_package
+    from edgekit.tools.package_eval import evaluate_package
 
     lines = [json.loads(x) for x in DEMO.read_text().splitlines()]
     other = tmp_path / "other.jsonl"

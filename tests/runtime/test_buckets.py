@@ -53,7 +53,7 @@ def test_fit_keeps_every_real_piece_and_word_position():
 def bucketed_pte(tmp_path_factory):
     from edgekit.converters.decoding import DecodingConfig, with_decoding
     from edgekit.converters.export_executorch import ExecuTorchExportConfig, export_executorch
-    from edgekit.model import JointModel, ModelConfig
+    from edgekit.modeling.model import JointModel, ModelConfig
 
     torch.manual_seed(0)
     raw = JointModel(ModelConfig(vocab_size=60, hidden=16, heads=[2, 4], ffn=[32, 16], head_dim=4,

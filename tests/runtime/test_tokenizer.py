@@ -2,7 +2,7 @@ import sys
 
 from edgekit.runtime.decode import spans
 from edgekit.runtime.tokenizer import WHITESPACE, split_words
-from edgekit.wordpiece import WordPieceTokenizer, basic_split
+from edgekit.text.wordpiece import WordPieceTokenizer, basic_split
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "play", "queen", "on", "spot", "##ify", "caf", "##e", "!", "u", "##n"]
 

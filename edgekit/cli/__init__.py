@@ -1,0 +1,76 @@
+"""The `edgekit` command. Thin: options map onto API calls; errors become one line and exit code 2.
+
+Every command is a function declared with `@command` (edgekit.cli.options) in the module of its concern; MENU
+below is the order `edgekit --help` lists them in. Options several commands share live in options.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from edgekit.cli import build, cache, package, serving, tools  # noqa: F401  (their commands register on import)
+from edgekit.cli.options import COMMANDS, GROUPS, quiet
+from edgekit.errors import EdgekitError
+
+MENU = ("build", "predict", "eval", "bench", "serve", "web", "loadtest", "cache", "verify", "compare", "profile",
+        "doctor", "targets")
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Build small, fast on-device intent + slot packages (ExecuTorch and ONNX Runtime).")
+
+
+def _version(value: bool):
+    if value:
+        from edgekit import __version__
+
+        typer.echo(f"edgekit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                   help="Print edgekit's version and exit.")] = False):
+    pass  # the app's help is Typer(help=...)'s
+
+
+def _register() -> None:
+    """Every declared command onto the app, in MENU's order (a group's sub-commands onto a sub-app)."""
+    groups = {name: typer.Typer(help=text, no_args_is_help=True) for name, text in GROUPS.items()}
+    for name in MENU:
+        if name in groups:
+            for c in COMMANDS:
+                if c.group == name:
+                    groups[name].command(c.name)(c.fn)
+            app.add_typer(groups[name], name=name)
+        else:
+            (c,) = [c for c in COMMANDS if c.name == name and c.group is None]
+            app.command(c.name)(c.fn)
+    missing = {c.name for c in COMMANDS if c.group is None} - set(MENU)
+    assert not missing, f"commands not in MENU: {missing}"
+
+
+_register()
+
+
+def main() -> None:
+    from edgekit.runtime.package import PackageError
+
+    quiet()
+    try:
+        app()
+    except EdgekitError as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except PackageError as e:  # a package that is not what the command needs (e.g. no model for --runtime)
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

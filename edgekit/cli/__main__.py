@@ -1,0 +1,5 @@
+"""`python -m edgekit.cli`: the same as the `edgekit` command."""
+
+from edgekit.cli import main
+
+main()

@@ -1,0 +1,78 @@
+"""`edgekit build` and `edgekit targets`: make a package, and list the profiles it can be made for."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from edgekit.cli.options import CacheDir, Format, command, names
+
+
+def _show(name: str, row: dict) -> None:
+    """One line per stage as it finishes."""
+    figs = ", ".join(f"{k} {row[k]:.4f}" for k in ("intent_acc", "slot_f1", "exact_match", "in_scope_acc",
+                                                   "oos_recall") if row.get(k) is not None)
+    how = f"reused ({row['key']})" if row["reused"] else f"{row['seconds']:.1f}s"
+    params = f"{row['params']:,} params, " if row.get("params") is not None else ""
+    typer.echo(f"[{name}] {figs}, {params}{row['size_bytes'] or 0:,} bytes, {how}", err=True)
+
+
+@command()
+def build(
+    data: Annotated[Path, typer.Option(help="Dataset: JointBERT folder, CLINC150 JSON, CSV or JSONL.")],
+    out: Annotated[Path, typer.Option(help="Output folder: the package, report.json and report.md.")],
+    target: Annotated[str, typer.Option(help="Device profile: android, ios, web, server-cpu, server-gpu "
+                                        "(devices/*.toml), or a path to your own .toml profile.")] = "android",
+    task: Annotated[str, typer.Option(help="Task (intent: intent + slots when the data has slots).")] = "intent",
+    format: Format = None,
+    base_model: Annotated[Optional[Path], typer.Option(help="Local BERT-family folder (default: all-MiniLM-L6-v2).")]
+    = None,
+    config: Annotated[Optional[Path], typer.Option(help="A build.toml with the same tables as a profile.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="TABLE.KEY=VALUE (TOML value), repeatable, e.g. "
+                                                     "distill.epochs=6 (docs/configuration.md).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for splits, initialisation and shuffling.")] = 0,
+    stages: Annotated[Optional[str], typer.Option(help="Comma-separated stages (default: the profile's), e.g. "
+                                                  "teacher,export,package to skip compression.")] = None,
+    intents: Annotated[Optional[str], typer.Option(help="Comma-separated intents the package may answer (baked into "
+                                                   "the graph; default: all).")] = None,
+    cache: CacheDir = None,
+    strict: Annotated[bool, typer.Option(help="Fail with no package when the accuracy budget is not met (default: "
+                                         "ship the best try marked over budget, exit code 3).")] = False,
+):
+    """Fine-tune, compress and export a model for a target, and write a verified package.
+
+    Stages whose inputs and settings did not change are reused from the stage cache."""
+    from edgekit.engine import BuildConfig
+    from edgekit.engine import build as run_build
+    from edgekit.engine.gating import OVER_BUDGET_EXIT
+
+    # torch configures its own loggers on import; only its errors belong on the build's terminal.
+    logging.getLogger("torch").setLevel(logging.ERROR)
+    cfg = BuildConfig(data=str(data), out=str(out), task=task, target=target, format=format,
+                      base_model=str(base_model) if base_model else None, config=str(config) if config else None,
+                      sets=list(set_ or []), seed=seed, stages=stages.split(",") if stages else None,
+                      intents=names(intents), cache=str(cache) if cache else None, strict=strict)
+    rep = run_build(cfg, on_stage=_show)
+    lat = ", ".join(f"{k} p50 {v['p50_ms']:.2f} ms" for k, v in rep["latency"].items())
+    typer.echo(f"package: {out} ({rep['package']['size_bytes']:,} bytes for {rep['package']['runtime']}); {lat}")
+    if rep["package"].get("digest"):
+        typer.echo(f"digest: sha256:{rep['package']['digest']} (pin it: edgekit verify {out} --digest ...)")
+    typer.echo(f"report: {out / 'report.md'}")
+    if rep.get("over_budget"):
+        for o in rep["over_budget"]:
+            typer.echo(f"over budget: {o['message']}; the package is the best try (report.md says so)", err=True)
+        sys.exit(OVER_BUDGET_EXIT)
+
+
+@command()
+def targets():
+    """List the device profiles in devices/."""
+    from edgekit.engine.targets import available, load_target
+
+    for name in available():
+        t = load_target(name)
+        typer.echo(f"{name:12s} {', '.join(t.runtimes):18s} {t.description}")

@@ -1,0 +1,165 @@
+"""Datasets: JointBERT folders, CLINC150 JSON, CSV, JSONL and folders of split files in one word-level form.
+
+Every example is a list of whitespace words, one BIO tag per word (or None for intent-only data),
+and an intent. The readers are in edgekit.data.formats; errors name the file and the 1-based line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgekit.data.formats import FORMATS, READERS, SPLITS, Example, detect_format
+from edgekit.errors import DataError, EdgekitError
+
+log = logging.getLogger("edgekit")
+# Re-exported: callers read datasets through this module.
+__all__ = ["FORMATS", "SPLITS", "Dataset", "Example", "build_seed", "check_trainable", "detect_format", "load_dataset",
+           "package_split", "read_splits", "stratified_split"]
+OOS_LABELS = ("oos", "out_of_scope")
+
+
+@dataclass
+class Dataset:
+    """Parsed data. `intents` and `slot_tags` are the label sets learned from train (slot_tags[0] == "O")."""
+
+    name: str
+    format: str
+    source: str
+    splits: dict[str, list[Example]]
+    intents: list[str]
+    slot_tags: list[str]  # empty for intent-only data
+    oos_label: str | None = None
+    notes: list[str] = field(default_factory=list)
+    split_from_train: list[str] = field(default_factory=list)  # the splits the data did not give
+
+    @property
+    def has_slots(self) -> bool:
+        return bool(self.slot_tags)
+
+    def summary(self) -> dict:
+        return {"name": self.name, "format": self.format, "source": self.source,
+                "sizes": {k: len(v) for k, v in self.splits.items()}, "intents": len(self.intents),
+                "slot_tags": len(self.slot_tags), "oos_label": self.oos_label, "notes": self.notes}
+
+
+def _stable_key(ex: Example, seed: int) -> str:
+    return hashlib.sha1(f"{seed}\0{ex.text}\0{ex.intent}".encode()).hexdigest()
+
+
+def stratified_split(examples: list[Example], fraction: float, seed: int = 0) -> tuple[list[Example], list[Example]]:
+    """Deterministically move `fraction` of each intent's examples out (at least one where an intent has 3+)."""
+    by_intent: dict[str, list[Example]] = defaultdict(list)
+    for ex in examples:
+        by_intent[ex.intent].append(ex)
+    keep, held = [], []
+    for intent in sorted(by_intent):
+        exs = sorted(by_intent[intent], key=lambda e: _stable_key(e, seed))
+        n = round(len(exs) * fraction) if len(exs) >= 3 else 0
+        n = max(n, 1) if len(exs) >= 3 else 0
+        held += exs[:n]
+        keep += exs[n:]
+    return keep, held
+
+
+def read_splits(path: Path, fmt: str | None = None, notes: list[str] | None = None) -> tuple[str, dict]:
+    """The splits a dataset gives, as read (none drawn): (format, {split: [Example]})."""
+    if not path.exists():
+        raise DataError(path, None, "no such file or folder")
+    if fmt is None:
+        fmt = detect_format(path)
+    elif fmt not in READERS:
+        raise EdgekitError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    return fmt, READERS[fmt](path, [] if notes is None else notes)
+
+
+def load_dataset(path: str | Path, fmt: str | None = None, seed: int | None = 0) -> Dataset:
+    """Read a dataset, auto-detecting its format unless `fmt` is given; fill in missing dev/test splits, drawn
+    with `seed` (None: a package's seed that could not be read; 0, with a warning when a split is drawn)."""
+    path = Path(path)
+    notes: list[str] = []
+    fmt, splits = read_splits(path, fmt, notes)
+    if "train" not in splits or not splits["train"]:
+        raise DataError(path, None, "no training examples")
+    made = [s for s in ("test", "dev") if s not in splits]
+    if seed is None:
+        if made:
+            log.warning("%s has no %s split and the package no report.json naming its build's seed: drawn with "
+                        "seed 0, which holds out other utterances than the build did if it ran with another --seed",
+                        path, " or ".join(made))
+        seed = 0
+    if "test" in made:
+        splits["train"], splits["test"] = stratified_split(splits["train"], 0.1, seed)
+        notes.append(f"test: a deterministic stratified 10% of train (seed {seed})")
+    if "dev" in made:
+        share = 0.1 / 0.9 if "test" in made else 0.1  # 10% of the data as given
+        splits["train"], splits["dev"] = stratified_split(splits["train"], share, seed + 1)
+        notes.append(f"dev: a deterministic stratified share of train (seed {seed + 1})")
+    has_slots = splits["train"][0].tags is not None
+    for s in ("dev", "test"):  # e.g. a JointBERT test/ without seq.out: not an error, but not silent either
+        if has_slots and splits[s] and splits[s][0].tags is None:
+            notes.append(f"{s}: no slot tags (train has them); scored on intents only")
+    intents = sorted({ex.intent for ex in splits["train"]})
+    oos = next((lab for lab in OOS_LABELS if lab in intents), None)
+    tags: list[str] = []
+    if has_slots:
+        names = sorted({t[2:] for ex in splits["train"] for t in ex.tags if t != "O"})
+        tags = ["O"] + [f"{p}-{n}" for n in names for p in ("B", "I")]
+    name = path.name if path.is_dir() else path.stem
+    return Dataset(name, fmt, str(path), {s: splits[s] for s in SPLITS}, intents, tags, oos, notes, made)
+
+
+def build_seed(package: str | Path) -> int | None:
+    """The seed a package's build drew the dev and test splits it made with (its report.json; None without a
+    readable one), so that scoring the package on data without those splits holds out what the build did."""
+    report = Path(package) / "report.json"
+    try:
+        return int(json.loads(report.read_text()).get("config", {}).get("seed") or 0)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
+def package_split(data: str | Path, package: str | Path, split: str = "test", fmt: str | None = None) -> list[Example]:
+    """The utterances of `split` that score or time a package (eval, bench, profile): splits the data lacks are
+    drawn as the package's build drew them (build_seed). split "all": every utterance the data holds, none drawn
+    (a held-out file of your own). An unknown split or an empty one is refused in one line."""
+    if split == "all":
+        examples = [ex for part in read_splits(Path(data), fmt)[1].values() for ex in part]
+        if not examples:
+            raise DataError(data, None, "no utterances")
+        return examples
+    if split not in SPLITS:
+        raise EdgekitError(f"unknown --split {split!r}; choose {', '.join(SPLITS)} or all")
+    ds = load_dataset(data, fmt, build_seed(package))
+    if not ds.splits[split]:
+        why = " (drawn from train: no intent has the 3 or more utterances it takes)" if split in ds.split_from_train \
+            else ""
+        raise DataError(data, None, f"the {split} split is empty{why}; score another with --split")
+    return ds.splits[split]
+
+
+def check_trainable(data: Dataset) -> None:
+    """Refuse, before any training, data a build cannot train on or score, in one line saying what to add.
+
+    A build needs 2 intents in train and a non-empty dev (model selection) and test (the report). A split made
+    from train takes examples only from intents with 3 or more (stratified_split keeps rarer intents whole in
+    train, to be learned though not scored); dev made after test needs 4 of one intent. An intent seen once is
+    accepted: real data has them (ATIS)."""
+    problems = []
+    if len(data.intents) < 2:
+        have = f" ({data.intents[0]!r})" if data.intents else ""
+        problems.append(f"{len(data.intents)} intent in train{have}, a classifier needs at least 2")
+    empty = [s for s in ("dev", "test") if not data.splits[s]]
+    problems += [f"{s} is empty" for s in empty if s not in data.split_from_train]
+    made = [s for s in empty if s in data.split_from_train]
+    if made:
+        need = 4 if "dev" in made and "test" in data.split_from_train else 3
+        problems.append(f"{' and '.join(made)} would be empty: a split made from train takes examples only from "
+                        f"intents with enough of them; give one intent at least {need} examples, or give "
+                        f"{' and '.join(made)} split{'s' if len(made) > 1 else ''}")
+    if problems:
+        raise DataError(data.source, None, "cannot train and score on this data: " + "; ".join(problems))

@@ -1,0 +1,80 @@
+"""What the stages share: the build's inputs and the results of the stages so far (Context)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgekit.data.dataset import Dataset
+from edgekit.engine.cache import StageCache
+from edgekit.engine.config import BuildConfig, Settings
+from edgekit.engine.registry import MODEL_STAGES
+from edgekit.engine.results import (
+    DistillResult,
+    ExportResult,
+    FuseResult,
+    ModelResult,
+    PackageResult,
+    PruneResult,
+    QuantizeResult,
+    StageResult,
+    TeacherResult,
+    TrimResult,
+)
+from edgekit.engine.targets import Target
+from edgekit.runtime.tokenizer import SentencePieceTokenizer
+from edgekit.scoring.score import labels_of
+
+
+@dataclass
+class Context:
+    """The build's live inputs, and the results of the stages that ran (or were reused) so far."""
+
+    cfg: BuildConfig
+    settings: Settings
+    target: Target
+    data: Dataset
+    out: Path
+    max_len: int
+    length_stats: dict
+    base_tokenizer: SentencePieceTokenizer  # the base vocabulary as SentencePiece
+    base_rows: list[int]  # base WordPiece row per teacher SentencePiece id
+    stages: list[str]
+    cache: StageCache
+    input_digest: str  # data files + base model weights: the teacher's input key
+    base_model: Path | None = None  # the base encoder's folder
+    work: Path | None = None  # the running stage's cache work folder, for its files
+    key: str = ""  # the running stage's cache key
+    input_key: str = ""  # the running stage's input: the previous stage's output key
+    teacher: TeacherResult | None = None
+    trim_vocab: TrimResult | None = None
+    prune: PruneResult | None = None
+    distill: DistillResult | None = None
+    quantize: QuantizeResult | None = None
+    export: ExportResult | None = None
+    fuse: FuseResult | None = None
+    package: PackageResult | None = None
+
+    @property
+    def labels(self) -> dict:
+        return labels_of(self.data)
+
+    def latest(self, before: str | None = None) -> ModelResult:
+        """The most recent model stage's result (that ran before `before`, when given)."""
+        names = MODEL_STAGES[: MODEL_STAGES.index(before)] if before in MODEL_STAGES else MODEL_STAGES
+        return next(getattr(self, n) for n in reversed(names) if getattr(self, n) is not None)
+
+    @property
+    def model(self):
+        return self.latest().model
+
+    @property
+    def tokenizer(self) -> SentencePieceTokenizer:
+        return self.latest().tokenizer
+
+    def fp32(self) -> ModelResult:
+        """The FP32 model the package is made from (ONNX Runtime quantizes its own export of it)."""
+        return self.latest("quantize")
+
+    def results(self) -> list[tuple[str, StageResult]]:
+        return [(n, getattr(self, n)) for n in self.stages if getattr(self, n) is not None]

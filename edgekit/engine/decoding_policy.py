@@ -1,0 +1,130 @@
+"""The decoding graph a build ships: intent whitelist, intent-to-slot whitelist, confidence temperature and
+out-of-scope policy, all calibrated on dev (edgekit.scoring.confidence).
+
+The temperature is one scalar fitted by dev NLL, kept only when it lowers the dev calibration error. With
+out-of-scope examples in dev, each policy (the trained oos class in the softmax or left out of it) and score
+(confidence or energy) gets the threshold that catches the most out-of-scope dev utterances while in-scope
+accuracy loses at most `decoding.oos_max_drop_pts`, and the one with the higher recall is kept; the curve of
+in-scope accuracy against out-of-scope recall on test is recorded with the chosen point. Without them, the
+energy threshold refuses `decoding.oos_far` of the in-scope dev utterances; 0 (the default) turns rejection
+off and out-of-scope recall is unknown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgekit.engine.context import Context
+from edgekit.engine.measure import decoding_config, intent_logits
+from edgekit.scoring import confidence as cal
+
+
+@dataclass
+class Split:
+    """The utterances of a split the build may answer (its whitelist): intent logits (N, I), gold ids (N,) (-1:
+    not an intent of the build) and out-of-scope flags (N,)."""
+
+    z: np.ndarray
+    y: np.ndarray
+    oos: np.ndarray
+
+
+def _split(ctx: Context, model, name: str) -> Split:
+    data, allowed = ctx.data, ctx.cfg.intents
+    index = {k: i for i, k in enumerate(data.intents)}
+    exs = [ex for ex in data.splits[name] if allowed is None or ex.intent in allowed or ex.intent == data.oos_label]
+    return Split(intent_logits(ctx, model, exs), np.array([index.get(ex.intent, -1) for ex in exs]),
+                 np.array([ex.intent == data.oos_label for ex in exs], bool))
+
+
+def _view(ctx: Context, d: Split, cfg, t: float):
+    """What the graph computes: the scores of masked logits / t; the right answers; the refusals by class."""
+    from edgekit.converters.decoding import NEG
+
+    s = cal.scores(np.where(cfg.base_mask().numpy(), d.z, NEG), t)
+    refused = (s["pred"] == cfg.oos_id) if ctx.data.oos_label else np.zeros(len(d.y), bool)
+    return s, (s["pred"] == d.y) & ~d.oos, refused
+
+
+def _temperature(ctx: Context, dev: Split, test: Split) -> tuple[float, dict]:
+    """The temperature fitted on dev, kept only when it lowers dev's calibration error; the figures."""
+    from edgekit.converters.decoding import NEG
+
+    base = decoding_config(ctx)
+    keep = base.base_mask().numpy()[np.clip(dev.y, 0, None)] & (dev.y >= 0)  # dev rows whose gold can answer
+    t_fit = cal.fit_temperature(np.where(base.base_mask().numpy(), dev.z, NEG)[keep], dev.y[keep])
+    err = {}
+    for name, t in (("before", 1.0), ("after", t_fit)):
+        for sname, d in (("dev", dev), ("test", test)):
+            s, ok, _ = _view(ctx, d, base, t)
+            err[f"{sname}_{name}"] = cal.ece(s["confidence"][~d.oos], ok[~d.oos])
+    temperature = t_fit if err["dev_after"] < err["dev_before"] else 1.0
+    return temperature, {"temperature_fit": t_fit, "calibration_error": err,
+                         "temperature_note": f"T = {t_fit:.3f} fitted by dev NLL; dev ECE {err['dev_before']:.4f} -> "
+                                             f"{err['dev_after']:.4f}, so T = {temperature:.3f} is "
+                                             f"{'kept' if temperature != 1.0 else 'not used'}"}
+
+
+def _candidates(ctx: Context, dev: Split, temperature: float) -> dict:
+    """Each policy and score with its best dev threshold and figures."""
+    out, max_drop = {}, ctx.settings.decoding.oos_max_drop_pts / 100
+    for policy, in_softmax in (("oos class + threshold", True), ("threshold on in-scope intents", False)):
+        s, ok, pred_oos = _view(ctx, dev, decoding_config(ctx, oos_in_softmax=in_softmax), temperature)
+        for score in cal.SCORES:
+            tau, figs = cal.best_threshold(s[score], ok, pred_oos, dev.oos, max_drop)
+            eff = np.where(pred_oos, -np.inf, s[score])  # answering the oos class refuses whatever the score
+            out[f"{policy}, {score}"] = {"oos_in_softmax": in_softmax, "score": score, "threshold": tau,
+                                         "dev": figs, "dev_auroc": cal.auroc(eff[~dev.oos], eff[dev.oos])}
+    return out
+
+
+def _with_oos_data(ctx: Context, dev: Split, test: Split, temperature: float):
+    """Out-of-scope examples in dev: the policy with the higher dev recall within the accuracy budget."""
+    candidates = _candidates(ctx, dev, temperature)
+    key = max(candidates, key=lambda k: (candidates[k]["dev"]["oos_recall"], candidates[k]["dev"]["in_scope_acc"]))
+    chosen = candidates[key]
+    off = chosen["threshold"] is None  # no threshold helps: the oos class alone refuses
+    cfg = decoding_config(ctx, oos_in_softmax=chosen["oos_in_softmax"], temperature=temperature,
+                          score="confidence" if off else chosen["score"], threshold=0.0 if off else chosen["threshold"])
+    s, ok, pred_oos = _view(ctx, test, cfg, temperature)
+    tau, eff = -np.inf if off else cfg.threshold, np.where(pred_oos, -np.inf, s[cfg.score])
+    info = {"policy": key, "threshold": cfg.threshold, "candidates": candidates,
+            "calibration": f"dev: {int((~dev.oos).sum())} in-scope and {int(dev.oos.sum())} out-of-scope "
+                           "utterances; the threshold that catches the most out-of-scope utterances while "
+                           f"in-scope accuracy loses at most {ctx.settings.decoding.oos_max_drop_pts:g} points "
+                           "(decoding.oos_max_drop_pts)",
+            "oos_curve": {"split": "test", "model": "eager", "score": cfg.score,
+                          "auroc": cal.auroc(eff[~test.oos], eff[test.oos]),
+                          "points": cal.curve(s[cfg.score], ok, pred_oos, test.oos),
+                          "chosen": cal.operating_point(s[cfg.score], ok, pred_oos, test.oos, tau)}}
+    return cfg, info
+
+
+def _without_oos_data(ctx: Context, dev: Split, temperature: float):
+    """No out-of-scope examples: the energy threshold refusing `decoding.oos_far` of dev, or no rejection."""
+    far = ctx.settings.decoding.oos_far
+    s, _, _ = _view(ctx, dev, decoding_config(ctx), temperature)
+    tau = cal.threshold_for_rate(s["energy"], far)
+    what = (f"the energy threshold refuses {100 * far:.1f}% of the {len(dev.y)} held-out in-scope (dev) "
+            "utterances (decoding.oos_far)" if tau is not None else "rejection is off (decoding.oos_far = 0): "
+            "a threshold cannot be calibrated without out-of-scope examples, and one set from in-scope data "
+            "alone refuses valid requests")
+    cfg = decoding_config(ctx, temperature=temperature, **({} if tau is None else {"score": "energy", "threshold": tau}))
+    return cfg, {"policy": "threshold (no out-of-scope data)", "oos_far": far, "oos_recall": "unknown",
+                 "calibration": f"no out-of-scope examples: {what}; out-of-scope recall is unknown (it cannot be "
+                                "measured on this data)", "threshold": cfg.threshold}
+
+
+def decoding_graph(ctx: Context, model):
+    """`model` with this build's decoding graph, and its record (the policy, the threshold, the figures)."""
+    from edgekit.converters.decoding import with_decoding
+
+    dev, test = _split(ctx, model, "dev"), _split(ctx, model, "test")
+    temperature, info = _temperature(ctx, dev, test)
+    cfg, more = _with_oos_data(ctx, dev, test, temperature) if dev.oos.any() else \
+        _without_oos_data(ctx, dev, temperature)
+    dm, rec = with_decoding(model, cfg)
+    rec.extra.update(info | more, intent_slot_choice=ctx.teacher.intent_slots_choice)
+    return dm, rec

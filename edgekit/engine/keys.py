@@ -1,0 +1,66 @@
+"""Cache keys: what a stage's output depends on, hashed (edgekit.engine.cache.stage_key).
+
+A stage's key is its name, the settings it reads and the build facts in its spec (edgekit.engine.registry), and
+its input's key: the previous stage's output key, or for the first stage a digest of the data and the base model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edgekit.engine.cache import digest_files, stage_key
+from edgekit.engine.context import Context
+from edgekit.engine.registry import STAGES
+
+TOOLCHAIN = ("torch", "torchao", "executorch", "onnx", "onnxruntime")  # what quantize and the exporters run on
+
+
+def toolchain() -> dict:
+    """The installed versions of the libraries that quantize and export (onnxruntime-gpu when present)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in TOOLCHAIN + ("onnxruntime-gpu",):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def _vocab_corpus(ctx: Context) -> dict:
+    corpus = ctx.settings.compress.vocab_corpus  # the file's content, not only its path
+    return {"vocab_corpus": digest_files([Path(corpus)])} if corpus else {}
+
+
+# A spec's build facts (StageSpec.facts) -> what they add to its key.
+FACTS = {
+    "vocab_corpus": _vocab_corpus,
+    "toolchain": lambda ctx: {"toolchain": toolchain()},
+    "runtimes": lambda ctx: {"runtimes": ctx.target.runtimes, "primary": ctx.target.primary_runtime,
+                             "buckets": ctx.length_stats["buckets"]},
+    "bench": lambda ctx: {"threads": ctx.target.bench_threads, "profile": ctx.target.name},
+}
+
+
+def key_of(ctx: Context, name: str, input_key: str) -> str:
+    """The stage's cache key: its name, the settings it reads, the build facts it depends on, its input's key."""
+    facts = {"task": ctx.cfg.task, "seed": ctx.cfg.seed, "intents": ctx.cfg.intents, "format": ctx.data.format,
+             "max_len": ctx.max_len}
+    for fact in STAGES[name].facts:
+        facts.update(FACTS[fact](ctx))
+    return stage_key(name, {"settings": ctx.settings.read_by(name), "facts": facts}, input_key)
+
+
+def data_files(path: str, out: str) -> list[Path]:
+    """The files the data key digests: a folder's files, less OUT's when it sits inside (each build would change
+    them, and the next would miss the cache)."""
+    p, out_dir = Path(path), Path(out).resolve()
+    return [p] if p.is_file() else sorted(x for x in p.rglob("*")
+                                          if x.is_file() and not x.resolve().is_relative_to(out_dir))
+
+
+def input_digest(data: str, out: str, base: Path) -> str:
+    """The first stage's input key: the data files and the base model's files."""
+    base_files = [base / n for n in ("config.json", "model.safetensors", "vocab.txt")]
+    return digest_files(data_files(data, out) + base_files)

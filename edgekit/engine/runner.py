@@ -1,0 +1,165 @@
+"""`edgekit build`: set up (prepare), then one pass down the stages.
+
+For each stage of the build (edgekit.engine.registry gives the order and what each reads) the runner computes
+its cache key (edgekit.engine.keys): a matching entry is reused (the log and the report say so, with the key),
+anything else runs and is stored. After each stage report.json and report.md are rewritten
+(edgekit.engine.report).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edgekit.data.dataset import check_trainable, load_dataset
+from edgekit.engine import registry
+from edgekit.engine.cache import StageCache, default_dir
+from edgekit.engine.config import BuildConfig, resolve
+from edgekit.engine.context import Context
+from edgekit.engine.keys import input_digest, key_of
+from edgekit.engine.report import finish, plots_listed, report, torch_threads, write
+from edgekit.engine.results import ModelResult, StageResult, result_type
+from edgekit.errors import EdgekitError
+from edgekit.modeling.model import base_config, default_base_model
+from edgekit.text.vocab import from_wordpiece
+from edgekit.text.wordpiece import WordPieceTokenizer
+
+log = logging.getLogger("edgekit")
+
+
+def choose_max_len(tokenizer, texts: list[str], cap: int, bucket_percentiles: list[int] = ()) -> tuple[int, dict]:
+    """p99 of piece counts ([CLS] and [SEP] included), rounded up to a multiple of 8, at most `cap`. Length
+    buckets: the `bucket_percentiles` of piece counts rounded up the same way, those below max_len (SNIPS: p50
+    12 -> 16, p90 19 -> 24 = max_len: buckets [16])."""
+    lengths = np.array([tokenizer.length(t) for t in texts])
+    p99 = float(np.percentile(lengths, 99))
+    L = min(cap, max(8, int(math.ceil(p99 / 8)) * 8))
+    buckets = {max(8, int(math.ceil(np.percentile(lengths, q) / 8)) * 8) for q in bucket_percentiles}
+    return L, {"p50": float(np.percentile(lengths, 50)), "p99": p99, "max": int(lengths.max()),
+               "truncated_share": float((lengths > L).mean()), "max_len": L,
+               "buckets": sorted(b for b in buckets if b < L)}
+
+
+def writable(folder: Path, flag: str) -> None:
+    """Refuse, before any work, a folder that cannot take files (read-only, a file, no permission)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise EdgekitError(f"{flag} {folder}: cannot write there ({e.strerror or e})") from None
+
+
+def prepare(cfg: BuildConfig) -> Context:
+    """Resolve and check everything before any work: settings, target, data, base model, sequence length, OUT."""
+    target, settings = resolve(cfg)
+    if cfg.train_threads is not None and cfg.train_threads < 1:
+        raise EdgekitError(f"train_threads must be >= 1, got {cfg.train_threads}")
+    data = load_dataset(cfg.data, cfg.format, cfg.seed)
+    check_trainable(data)  # refuse data that cannot train or be scored now, not after the first epoch
+    base = Path(cfg.base_model) if cfg.base_model else default_base_model()
+    hf = base_config(base)
+    cache = StageCache(default_dir(cfg.cache))
+    tokenizer, rows = from_wordpiece(WordPieceTokenizer.from_file(base / "vocab.txt").vocab,
+                                     cache_dir=cache.root / "normalizer")
+    texts = [ex.text for s in ("train", "dev") for ex in data.splits[s]]
+    max_len, stats = choose_max_len(tokenizer, texts, hf["max_position_embeddings"], target.bucket_percentiles)
+    pk = settings.package
+    if pk.max_len:
+        max_len = stats["max_len"] = pk.max_len
+    # shorter fixed lengths for ExecuTorch; package.buckets overrides the profile's percentiles
+    stats["buckets"] = sorted({b for b in (stats["buckets"] if pk.buckets is None else pk.buckets) if b < max_len})
+    unknown = [i for i in cfg.intents or [] if i not in data.intents]
+    if unknown:
+        raise EdgekitError(f"--intents: unknown intent {unknown[0]!r}; {cfg.data} has: {', '.join(data.intents)}")
+    writable(Path(cfg.out), "--out")  # refused now, not after training (an empty OUT may stay)
+    digest = input_digest(cfg.data, cfg.out, base)
+    return Context(cfg, settings, target, data, Path(cfg.out), max_len, stats, tokenizer, rows, target.stages,
+                   cache, digest, base_model=base)
+
+
+def run_stage(ctx: Context, name: str, key: str, input_key: str) -> StageResult:
+    """Reuse the stage's cache entry, or run it and store its result."""
+    from edgekit.engine.stages.common import seed_everything
+
+    entry = ctx.cache.get(name, key)
+    if entry is not None:
+        try:
+            res = result_type(name).load(entry.result, entry.path)
+            res.key, res.reused = key, True
+            log.info("stage %s: reused from the cache (key %s)", name, entry.short)
+            return res
+        except (TypeError, KeyError, ValueError) as e:  # an entry from another layout: make it again
+            log.warning("cache entry %s/%s does not load (%s): rebuilding it", name, entry.short, e)
+            ctx.cache.drop(name, key)
+    log.info("stage %s (key %s)", name, key[:12])
+    ctx.key, ctx.input_key = key, input_key
+    seed_everything(ctx.cfg.seed)  # each stage starts from the same state, whichever stages ran before it
+    ctx.work = ctx.cache.workdir(name)
+    try:
+        res = registry.load(name).run(ctx)
+        res.save(ctx.work)
+        entry = ctx.cache.put(name, key, ctx.work, res.to_json())
+    except BaseException:
+        shutil.rmtree(ctx.work, ignore_errors=True)
+        raise
+    finally:
+        ctx.work = None
+    res.key, res.dir = key, entry.path
+    return res
+
+
+def build(cfg: BuildConfig, on_stage=None) -> dict:
+    """Run (or reuse) the stages; returns report.json's content. `on_stage(name, row)` after each stage."""
+    import torch
+
+    from edgekit.modeling.perf import tune_allocator
+
+    tune_allocator()
+    ctx = prepare(cfg)  # every setting checked before any work or output
+    before = torch.get_num_threads()  # torch's default: the physical cores, or $OMP_NUM_THREADS
+    # Training runs on cfg.train_threads (default: torch's); latency is measured on the profile's threads (below).
+    torch.set_num_threads(cfg.train_threads or before)
+    try:
+        return _run(ctx, on_stage)
+    finally:
+        torch.set_num_threads(before)  # a library caller gets its own setting back
+
+
+def _run(ctx: Context, on_stage) -> dict:
+    from edgekit.engine.gating import BudgetMissed
+    from edgekit.runtime.backends import set_threads
+
+    old_plots = plots_listed(ctx.out)  # read before the first stage rewrites report.json
+    log.info("training on %d threads", torch_threads())
+    # XNNPACK's pool size can only be set before the first program loads; latency is measured on it.
+    set_threads(ctx.target.bench_threads)
+    out_key = ctx.input_digest  # what the next stage's key builds on: the previous stage's output
+    for name in ctx.stages:
+        t0 = time.perf_counter()
+        key = key_of(ctx, name, out_key)
+        try:
+            res = run_stage(ctx, name, key, out_key)
+        except ValueError as e:  # a pass setting that cannot hold for this data (e.g. a budget below its floor)
+            raise EdgekitError(f"stage {name}: {e}") from None
+        setattr(ctx, name, res)
+        out_key = res.out_key or res.key
+        attach = getattr(registry.load(name), "attach", None)
+        if attach:
+            attach(ctx, res)
+        write(ctx.out, report(ctx))
+        over = res.record.get("extra", {}).get("over_budget")
+        if over and ctx.cfg.strict:
+            raise BudgetMissed(over["message"] + "; --strict: no package written. Every try is in the cache: loosen "
+                               "the budget (--set budget.intent_drop_pts=...) or compress less")
+        if on_stage:
+            on_stage(name, dict(res.row, reused=res.reused, key=key[:12], wall=time.perf_counter() - t0))
+    for name, res in ctx.results():  # free the models: the report is what the caller gets
+        if isinstance(res, ModelResult):
+            res._model = None
+    return finish(ctx, old_plots)

@@ -1,0 +1,107 @@
+"""Stage `distill`: the pruned student learns from the teacher; gate on dev; on a miss, prune less and distil again.
+
+Each try (the pruned size and the distilled student) is its own cache entry, so a rerun with a looser budget or
+more retries starts from the tries already made.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import shutil
+import time
+
+from edgekit.converters.distill import DistillInputs, distill
+from edgekit.engine.cache import stage_key
+from edgekit.engine.context import Context
+from edgekit.engine.gating import Try, back_off
+from edgekit.engine.measure import measure
+from edgekit.engine.results import DistillResult, stage_row
+from edgekit.engine.stages.common import prune_to, seed_everything, target_params
+from edgekit.modeling.model import count_params, load_model, save_model
+from edgekit.record import PassRecord
+
+log = logging.getLogger("edgekit")
+
+
+def _try(ctx: Context, attempt: int, target: int) -> tuple:
+    """One try: prune to `target` (the prune stage's own student on the first try), then distil. Cached."""
+    c = ctx.settings.compress
+    source = ctx.latest("distill")
+    key = stage_key("distill_try", {"distill": dataclasses.asdict(ctx.settings.distill), "target": target,
+                                    "prune_layers": c.prune_layers, "prune_samples": c.prune_samples},
+                    ctx.input_key if ctx.prune is None else (ctx.prune.out_key or ctx.prune.key))
+    entry = ctx.cache.get("distill_try", key)
+    if entry is not None:
+        log.info("distill try %d: reused from the cache (%s)", attempt + 1, key[:12])
+        r = entry.result
+        return (load_model(entry.path / "model.safetensors"), PassRecord.from_dict(r["record"]), r["dev"], r["prune"],
+                key)
+    seed_everything(ctx.cfg.seed)
+    if ctx.prune is None:  # no pruning in this build: distil into a copy of the previous model
+        student, kept, prune_rec = source.model, None, None
+    elif attempt == 0 or target == ctx.prune.target_params:
+        student, kept, prune_rec = ctx.prune.model, ctx.prune.kept_layers, ctx.prune.record
+    else:
+        pr = prune_to(ctx, target)
+        student, kept, prune_rec = pr.model, pr.record.extra["kept_layers"], pr.record.to_dict()
+    # Each student layer matches the teacher layer it was pruned from (state index = layer + 1).
+    inputs = DistillInputs(teacher=ctx.teacher.model, teacher_tokenizer=ctx.teacher.tokenizer,
+                           student_tokenizer=ctx.tokenizer, train=ctx.data.splits["train"],
+                           dev=ctx.data.splits["dev"], labels=ctx.labels, max_len=ctx.max_len,
+                           layer_map=[k + 1 for k in kept] if kept is not None else None,
+                           evaluate=lambda m: measure(ctx, m, ctx.tokenizer, "dev"))  # epochs chosen as shipped
+    res = distill(copy.deepcopy(student), inputs, ctx.settings.distill)
+    dev = res.record.extra.pop("best_dev")  # dev metrics of the kept epoch, computed during distillation
+    prune_info = {k: prune_rec["extra"][k] for k in ("target_params", "nonembedding_after", "kept_layers")} \
+        if prune_rec else None
+    work = ctx.cache.workdir("distill_try")
+    try:
+        save_model(res.model, work / "model.safetensors")
+        ctx.cache.put("distill_try", key, work, {"record": res.record.to_dict(), "dev": dev, "prune": prune_info})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # gone once put moved it; left only if saving failed
+    return res.model, res.record, dev, prune_info, key
+
+
+def run(ctx: Context) -> DistillResult:
+    t0 = time.perf_counter()
+    c, scale = ctx.settings.compress, 1.0
+    target, cap = target_params(ctx) if ctx.prune is not None else (0, 0)  # no pruning: nothing to back off
+
+    def attempt(i: int) -> Try:
+        model, rec, dev, prune_info, try_key = _try(ctx, i, target)
+
+        def grow(factor: float) -> bool:
+            nonlocal scale, target
+            if target >= cap:
+                log.info("distill: the student is at the profile's cap (%d non-embedding params); no larger try", cap)
+                return False
+            scale *= factor
+            target, _ = target_params(ctx, scale)
+            return True
+
+        nonemb = count_params(model, embeddings=False)
+        return Try(dev, f"prune target x{scale:.2f}, {nonemb:,} non-embedding params", (model, rec, try_key, prune_info),
+                   grow, extra={"prune": prune_info})
+
+    kept, tries, over = back_off(ctx, "distill", c.max_retries, attempt)
+    model, rec, out_key, shipped_prune = kept
+    rec.metrics = measure(ctx, model, ctx.tokenizer, "test")
+    teacher = ctx.teacher.model
+    rec.extra.update(tries=tries, nonembedding_params=count_params(model, embeddings=False),
+                     share_of_teacher_nonembedding=count_params(model, embeddings=False)
+                     / count_params(teacher, embeddings=False),
+                     share_of_teacher_total=count_params(model) / count_params(teacher),
+                     caps={"param_share": c.max_param_share or c.param_share,
+                           "total_share": c.max_total_share or c.total_share})
+    if shipped_prune and shipped_prune["target_params"] != ctx.prune.target_params:
+        rec.extra["shipped_prune"] = shipped_prune  # a back-off try: the prune stage's row shows the first target
+    if over:
+        rec.extra["over_budget"] = over
+        rec.warnings.append(over["message"])
+    rec.seconds = time.perf_counter() - t0
+    row = stage_row("distill", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds)
+    return DistillResult(rec.to_dict(), row, out_key=out_key, tries=tries, over_budget=over, _model=model,
+                         _tokenizer=ctx.tokenizer)

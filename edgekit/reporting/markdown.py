@@ -1,0 +1,397 @@
+"""report.md: a human-readable view of report.json (which is built from the pass records)."""
+
+from __future__ import annotations
+
+from edgekit.record import AGAINST
+from edgekit.runtime.package import RUNTIME_NAMES, RUNTIMES
+
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.2f}"
+
+
+def _size(n) -> str:
+    return "—" if n is None else f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def _pass(rep: dict, name: str) -> dict | None:
+    """The build's record of one pass, None when it did not run."""
+    return next((p for p in rep.get("passes", []) if p["name"] == name), None)
+
+
+def _header(rep: dict) -> list[str]:
+    """Title, the dataset, its notes, over-budget warnings and the stages reused from the cache."""
+    ds = rep["dataset"]
+    lines = [f"# edgekit build report: {ds['name']} → {rep['target']}", "",
+             f"Task `{rep['task']}`, data `{ds['source']}` ({ds['format']}): "
+             + ", ".join(f"{k} {v}" for k, v in ds["sizes"].items())
+             + f"; {ds['intents']} intents, {ds['slot_tags']} slot tags. "
+             + f"Sequence length {ds['lengths']['max_len']} (p99 of pieces {ds['lengths']['p99']:.0f}; "
+             + f"{100 * ds['lengths']['truncated_share']:.2f}% of train+dev utterances truncated).", ""]
+    for note in ds.get("notes", []):
+        lines.append(f"- {note}")
+    strict = rep.get("config", {}).get("strict")
+    for o in rep.get("over_budget") or []:
+        lines += ["", f"**Over budget.** {o['message']}. "
+                  + ("--strict: no package was written for this build. " if strict else
+                     "The package is that best try. ")
+                  + "A looser budget reuses this stage's tries from the stage cache."]
+    reused = [r["name"] for r in rep["stages"] if r.get("reused")]
+    if reused:
+        lines += ["", f"Reused from the stage cache (inputs and settings unchanged): {', '.join(reused)}; their "
+                  "seconds are those of the run that made them."]
+    return lines
+
+
+def _stage_table(rep: dict) -> list[str]:
+    """The comparison table, a row per stage, and the size-against-accuracy plot."""
+    oos = any("oos_recall" in r for r in rep["stages"])
+    rts = [rt for rt in RUNTIMES if any(rt in r.get("latency", {}) for r in rep["stages"])]
+    lines = ["", "## Stages (test split)", "",
+             "Decoded as the package answers (intent whitelist, constrained BIO decoding; out-of-scope rejection "
+             "only in the package row); slot F1 argmax: the same model with plain per-word argmax."
+             + (" Latency: model call, single utterance, 1 thread, after warm-up, real test utterances, all "
+                "measured in one run by the package stage; only exported graphs have one (`edgekit bench "
+                "--compare-teacher` times the FP32 teacher)." if rts else ""), "",
+             "| stage | intent acc | slot F1 | slot F1 argmax | exact match |"
+             + (" in-scope acc | OOS recall |" if oos else "") + " params | size | seconds |"
+             + "".join(f" {RUNTIME_NAMES[rt]} p50 / p99 ms |" for rt in rts),
+             "|---|---:|---:|---:|---:|" + ("---:|---:|" if oos else "") + "---:|---:|---:|" + "---:|" * len(rts)]
+    distill = _pass(rep, "distill") or {}
+    for r in rep["stages"]:
+        name = r["name"] + (f" ({r['runtime']})" if r.get("runtime") else "")
+        if r["name"] == "prune" and distill.get("extra", {}).get("shipped_prune"):
+            name += " (first try; the shipped student was pruned less: see distill)"
+        lat = r.get("latency", {})
+        lines.append(f"| {name} | {_pct(r.get('intent_acc'))} | {_pct(r.get('slot_f1'))} | "
+                     f"{_pct(r.get('slot_f1_argmax'))} | {_pct(r.get('exact_match'))} |"
+                     + (f" {_pct(r.get('in_scope_acc'))} | {_pct(r.get('oos_recall'))} |" if oos else "")
+                     + f" {r['params']:,} | {_size(r['size_bytes'])} | {r['seconds']:.1f} |"
+                     + "".join(f" {lat[rt]['p50_ms']:.2f} / {lat[rt]['p99_ms']:.2f} |" if rt in lat else " — |"
+                               for rt in rts))
+    if "stages" in rep.get("plots", {}):
+        lines += ["", f"![size against accuracy by stage]({rep['plots']['stages']})"]
+    return lines
+
+
+def _exported(rep: dict) -> list[str]:
+    """Each runtime's export scored against the eager model."""
+    export = _pass(rep, "export")
+    if not export:
+        return []
+    lines = ["", "## Exported artifacts against eager (test split)", "",
+             "| runtime | against eager | agreement (intent + all slot tags) | max abs diff (logits) | "
+             "intent acc | slot F1 |", "|---|---|---:|---:|---:|---:|"]
+    for rt in RUNTIMES:
+        if rt in export["extra"]:
+            e = export["extra"][rt]
+            against = AGAINST.get(e["extra"].get("against"), "—")  # older records do not say
+            lines.append(f"| {rt} | {against} | {_pct(e['extra']['agreement_with_eager'])} | "
+                         f"{e['extra']['parity']['max_abs_diff']:.2e} | {_pct(e['metrics']['intent_acc'])} | "
+                         f"{_pct(e['metrics'].get('slot_f1'))} |")
+    return lines
+
+
+def _package_files(rep: dict) -> list[str]:
+    """The package's size per runtime and its files."""
+    if not rep.get("package"):
+        return []
+    pk = rep["package"]
+    return ["", "## Package", "",
+            f"Size for the primary runtime ({pk['runtime']}): **{_size(pk['size_bytes'])}** "
+            + "(" + ", ".join(f"{k}: {_size(v)}" for k, v in pk["size_bytes_per_runtime"].items()) + ").",
+            "", "| file | bytes |", "|---|---:|"] + [f"| {f} | {b:,} |" for f, b in pk["files"].items()]
+
+
+def _latency(rep: dict) -> list[str]:
+    """The package's single-utterance latency per runtime, with and without the decoding graph."""
+    if not rep.get("latency"):
+        return ["", "## Latency", "", "Not measured (`package.bench_utterances = 0`)."] if rep.get("package") else []
+    lines = ["", "## Latency (model call, single utterance, after warm-up, real test utterances)", "",
+             "| runtime | p50 ms | p99 ms | p50 ms without decoding | decoding overhead (p50) | threads | "
+             "sequence length (utterances run at it) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for rt, lat in rep["latency"].items():
+        raw = lat.get("without_decoding")
+        lengths = (", ".join(f"{L} ({n})" for L, n in lat["buckets"].items()) if lat.get("buckets")
+                   else str(lat["max_len"]))
+        lines.append(f"| {rt} | {lat['p50_ms']:.2f} | {lat['p99_ms']:.2f} | "
+                     + (f"{raw['p50_ms']:.2f} | {100 * lat['decoding_overhead']:+.1f}% |" if raw else "— | — |")
+                     + f" {lat['threads']} | {lengths} |")
+    return lines + ["", "Measured on the build machine's CPU through the ExecuTorch and ONNX Runtime Python "
+                    "bindings (the same C++ runtimes an app links); no phone was measured."
+                    + ("" if any("without_decoding" in v for v in rep["latency"].values()) else
+                       " The graph without decoding was not exported (`decoding.compare_argmax = false`).")]
+
+
+def _provider(rep: dict) -> list[str]:
+    """The execution provider the shipped package was scored on, when the package names one."""
+    if not (pkg := rep.get("package", {})).get("provider"):
+        return []
+    runtime = RUNTIME_NAMES.get(pkg.get("runtime"), pkg.get("runtime"))
+    return ["", f"The shipped package was scored on {runtime}, provider {pkg['provider']}."]
+
+
+def _warnings(rep: dict) -> list[str]:
+    """Every pass's warnings."""
+    warns = [w for p in rep.get("passes", []) for w in p.get("warnings", [])]
+    return ["", "## Warnings", ""] + [f"- {w}" for w in warns] if warns else []
+
+
+def _tries(p: dict) -> list[str]:
+    out = []
+    for k, t in enumerate(p["extra"].get("tries", []), 1):
+        drops = ", ".join(f"{k2} {v:.2f}" for k2, v in t["drops"].items())
+        out.append(f"  - try {k}: {t['setting']}: dev drop {drops} → {'pass' if t['passed'] else 'back off'}")
+    return out
+
+
+def _compression(rep: dict) -> list[str]:
+    passes = {p["name"]: p for p in rep.get("passes", [])}
+    if not any(n in passes for n in ("trim_vocab", "prune", "distill")):
+        return []
+    teacher = passes.get("teacher")
+    lines = ["", "## Compression", ""]
+    settings = rep.get("config", {}).get("settings")
+    if settings:
+        c, d = settings["compress"], settings["distill"]
+        lines.append(f"Settings: vocabulary budget {c.get('vocab_budget') or 'none'}, parameter share "
+                     f"{c.get('param_share')} (non-embedding) / {c.get('total_share')} (total), back-off caps "
+                     f"{c.get('max_param_share') or c.get('param_share')} / "
+                     f"{c.get('max_total_share') or c.get('total_share')}"
+                     f", distillation T = {d.get('temperature')}, α = {d.get('alpha')}, {d.get('epochs')} epochs"
+                     + (", slot head on the mean of each word's pieces" if d.get("word_pool") else "") + "; "
+                     f"accuracy budget against the teacher on dev: {rep.get('budget', {})}.")
+        lines.append("")
+    if "trim_vocab" in passes:
+        e = passes["trim_vocab"]["extra"]
+        lines.append(f"- **trim_vocab**: {e['vocab_before']:,} → {e['vocab_after']:,} pieces (task vocabulary "
+                     f"{e['vocab_task']:,}, budget {e['budget'] or 'none'}); word embedding "
+                     f"{_size(e['embedding_bytes_before'])} → {_size(e['embedding_bytes_after'])}. Tokenization "
+                     f"equal to the teacher's on {_pct(e['tokenization_agreement_full'])}% of task utterances at "
+                     f"the full task vocabulary"
+                     + (f", {_pct(e['tokenization_agreement_budget'])}% under the budget" if e["budget"] else "")
+                     + f". Test intent agreement with the teacher: {_pct(e.get('intent_agreement_with_teacher'))}%.")
+        if e.get("full_vocab"):
+            fv, bt = e["full_vocab"]["test"], passes["trim_vocab"]["metrics"]
+            lines.append(f"  - cost of the budget (test): full task vocabulary ({e['full_vocab']['vocab']:,} pieces, "
+                         f"{e['full_vocab']['params']:,} params) intent {_pct(fv['intent_acc'])} / slot F1 "
+                         f"{_pct(fv.get('slot_f1'))}; budgeted ({e['vocab_after']:,} pieces) intent "
+                         f"{_pct(bt['intent_acc'])} / slot F1 {_pct(bt.get('slot_f1'))}.")
+        lines += _tries(passes["trim_vocab"])
+    if "prune" in passes:
+        e = passes["prune"]["extra"]
+        lines.append(f"- **prune**: non-embedding parameters {e['nonembedding_before']:,} → "
+                     f"{e['nonembedding_after']:,} (target {e['target_params']:,}); layers {e['layers_before']} → "
+                     f"{e['layers_after']} (kept {e['kept_layers']}); heads per layer {e['heads']}; FFN channels "
+                     f"per layer {e['ffn']}. Dev before distillation: intent {_pct(e['dev']['intent_acc'])}, slot F1 "
+                     f"{_pct(e['dev'].get('slot_f1'))}.")
+    if "distill" in passes:
+        e = passes["distill"]["extra"]
+        lines.append(f"- **distill**: best epoch {e.get('best_epoch')} of {e['epochs']}; student non-embedding "
+                     f"parameters {_pct(e['share_of_teacher_nonembedding'])}% of the teacher's, all parameters "
+                     f"{_pct(e['share_of_teacher_total'])}%"
+                     + (f" ({passes['distill']['params_after']:,} of {teacher['params_after']:,})" if teacher else "")
+                     + ".")
+        lines += _tries(passes["distill"])
+    return lines
+
+
+def _quantization(rep: dict) -> list[str]:
+    """What was quantized for each runtime: XNNPACK's INT8 (quantize stage), with what fell back to FP32 and why
+    and the 10 least accurate layers, and ONNX Runtime's own pass on its export (export stage)."""
+    q, export = _pass(rep, "quantize"), _pass(rep, "export")
+    oq = export and export["extra"].get("onnx", {}).get("extra", {}).get("quantize")
+    if not q and not oq:
+        return []
+    weight_only = oq and oq["method"] == "weight_only"
+    lines = ["", "## Quantization (8-bit weights)" if weight_only and not q else "## Quantization (INT8)", ""]
+    if q:
+        lines += _xnnpack_int8(q)
+    emb4 = (f"; word embeddings 4-bit in groups of {oq['embedding']['group']} (GatherBlockQuantized)"
+            if oq and oq.get("embedding") else "; word embeddings FP32")
+    if weight_only:
+        lines.append(f"- ONNX Runtime (weight only, quantize.onnx_weight_only): {oq['quantized_matmuls']} MatMuls with "
+                     f"{oq['weight_bits']}-bit weights in blocks of {oq['block']} and FP32 activations (MatMulNBits), "
+                     f"nothing calibrated" + emb4 + ".")
+    elif oq:
+        lines.append(f"- ONNX Runtime (quantize_static, QDQ, per-channel): {oq['quantized_matmuls']} MatMul/Gemm "
+                     f"layers, calibration {oq['method']}"
+                     + (f" {oq['percentile']}" if oq.get("percentile") else "") + f" on {oq['calib_samples']} "
+                     f"utterances; nodes {oq['nodes_before']} → {oq['nodes_after']} (QDQ pairs added)" + emb4 + ".")
+    rows = q["extra"].get("quant_layers", [])[:10] if q else []
+    if rows:
+        lines += ["", "Least accurate layers (isolated: each fed the FP32 model's input; all layers in report.json "
+                  "`quant_layers`):", "", "| layer | weight bits | SQNR dB | activation scale | zero point | "
+                  "output scale | weight scale min / mean / max |", "|---|---:|---:|---:|---:|---:|---|"]
+        for r in rows:
+            act = (f"{r['act_scale']:.4g} | {r['act_zero_point']}" if r.get("act_scale") is not None
+                   else "per call | per call")
+            lines.append(f"| {r['layer']} | {r.get('weight_bits', 8)} | {r['sqnr_db']:.1f} | {act} | "
+                         + (f"{r['out_scale']:.4g}" if r["out_scale"] is not None else "—")
+                         + f" | {r['weight_scale_min']:.3g} / {r['weight_scale_mean']:.3g} / "
+                         f"{r['weight_scale_max']:.3g} |")
+    return lines
+
+
+def _xnnpack_int8(q: dict) -> list[str]:
+    """The quantize stage: XNNPACK's INT8 eager model (PT2E), its tries and its FP32 fallbacks."""
+    e = q["extra"]
+    emb = e.get("embedding") or {}
+    lines = [f"ExecuTorch/XNNPACK (PT2E, XNNPACKQuantizer): {e['quantized_linears']} of {e['linears']} Linear layers "
+             f"INT8 (per-channel weights, activations calibrated on {e['calib_samples']} train utterances"
+             + (f"; {len(e['weight4_layers'])} of them with 4-bit weights and INT8 input quantized per call, "
+                "XNNPACK qd8-f32-qc4w" if e.get("weight4_layers") else "") + "); "
+             + (f"word embeddings {emb['bits']}-bit" + (f" in groups of {emb['group']}" if emb.get("group") else "")
+                + f" (SQNR {emb['sqnr_db']} dB)" if emb else "word embeddings FP32")
+             + f"; weights {_size(q['bytes_before'])} → {_size(q['bytes_after'])}. Attention products, softmax and "
+             "LayerNorm stay FP32."]
+    for t in e.get("tries", []):
+        lines.append(f"- {len(t['fp32_layers'])} layers FP32: dev drop against the FP32 model "
+                     + ", ".join(f"{k} {v:.2f} pts" for k, v in t["drop_pts"].items()))
+    for f in e.get("fp32_layers", []):
+        lines.append(f"- FP32 fallback `{f['layer']}`: {f['why']}")
+    return lines
+
+
+def _fusion(rep: dict) -> list[str]:
+    """Fixed-shape fusion: ONNX Runtime's offline optimizations, and XNNPACK's share of ExecuTorch compute ops."""
+    fuse = _pass(rep, "fuse")
+    if not fuse:
+        return []
+    lines = []
+    et = fuse["extra"].get("executorch", {})
+    raw = et.get("raw_delegation")
+    if "delegated_share" in et:
+        lines.append(f"- ExecuTorch: {_pct(et['delegated_share'])}% of compute ops in XNNPACK "
+                     f"({et['delegated_compute_ops']} delegated, {et['portable_compute_ops']} portable; data "
+                     "movement not counted)"
+                     + (f"; the model without the decoding graph: {_pct(raw['delegated_share'])}% "
+                        f"({raw['delegated_compute_ops']} / {raw['portable_compute_ops']})" if raw else "")
+                     + f"; {et.get('delegate_calls')} delegate calls.")
+    on = fuse["extra"].get("onnx")
+    if on and "fused" in on:  # a server graph: the transformer optimizer, then its precision
+        fused = ", ".join(f"{k} {v}" for k, v in on["fused"].items())
+        q = on.get("int8")
+        lines.append(f"- ONNX Runtime transformer optimizer (bert): fused {fused}; fully optimized: "
+                     f"{'yes' if on['fully_optimized'] else 'no'}; nodes {on['nodes_before']} → {on['nodes_after']}.")
+        lines.append(f"- precision {on['precision']}"
+                     + (f" ({q['mode']} INT8: " + ", ".join(f"{k} {v}" for k, v in q["quantized_ops"].items()) + ")"
+                        if q else "")
+                     + (f"; the decoding graph's {on['fp32_nodes']} nodes stay FP32" if on.get("fp32_nodes") else "")
+                     + (f"; on this CPU ONNX Runtime added {on['cpu_casts_inserted']} Cast nodes around FP16 nodes "
+                        "without a CPU kernel" if on.get("cpu_casts_inserted") else "")
+                     + f". Answers equal to the FP32 export's on {_pct(on['agreement'])}% of {on['checked']} test "
+                     "utterances"
+                     + (f"; answered in batches of {on['batch_parity']['batch']}, "
+                        f"{_pct(on['batch_parity']['agree'])}% equal to one by one" if on.get("batch_parity") else "")
+                     + ".")
+    elif on:
+        lines.append(f"- ONNX Runtime, offline graph optimization (extended): nodes {on['nodes_before']} → "
+                     f"{on['nodes_after']}; fused against unfused on {on['checked']} test utterances: "
+                     f"{_pct(on['agreement'])}% identical answers.")
+    return ["", "## Fusion (fixed shapes)", ""] + lines if lines else []
+
+
+def _batches(rep: dict) -> list[str]:
+    """A server package's throughput by batch size, and the provider that ran."""
+    rows = [(rt, lat["batches"]) for rt, lat in rep.get("latency", {}).items() if lat.get("batches")]
+    if not rows:
+        return []
+    lines = ["", "## Batched throughput", "", "| runtime | provider | threads | batch | p50 ms per batch | "
+             "utterances/s |", "|---|---|---:|---:|---:|---:|"]
+    for rt, b in rows:
+        for size, v in b.items():
+            if isinstance(v, dict):
+                lines.append(f"| {rt} | {b['provider']} | {b['threads']} | {size} | {v['p50_ms']:.2f} | "
+                             f"{v['per_second']:.0f} |")
+    return lines + ["", "The model call alone, on the build machine; `edgekit serve` adds HTTP and queueing "
+                    "(`edgekit loadtest` measures the whole)."]
+
+
+def _decoding(rep: dict) -> list[str]:
+    """The decoding graph: out-of-scope policy, argmax against constrained slots, rejection figures."""
+    export = _pass(rep, "export")
+    if not export or "decoding" not in export["extra"]:
+        return []
+    d = export["extra"]["decoding"]
+    lines = ["", "## Decoding in the graph (test split)", "",
+             f"Intents allowed by the build: {', '.join(d['allowed_intents']) if d['allowed_intents'] else 'all'}. "
+             f"Out-of-scope: {d['policy']} (threshold {d['threshold']:.4f} on the {d.get('score', 'confidence')}); "
+             f"{d['calibration']}."]
+    if d.get("calibration_error"):
+        e = d["calibration_error"]
+        lines.append(f"Confidence calibration: {d['temperature_note']}. Expected calibration error (in-scope, 15 "
+                     f"bins): dev {e['dev_before']:.4f} → {e['dev_after']:.4f}, test {e['test_before']:.4f} → "
+                     f"{e['test_after']:.4f}.")
+    ch = d.get("intent_slot_choice")
+    if ch:
+        lines.append(f"Intent-to-slot whitelist {'on' if ch['used'] else 'off'}: teacher dev slot F1 "
+                     f"{_pct(ch['teacher_dev_slot_f1_with'])} with it, {_pct(ch['teacher_dev_slot_f1_without'])} "
+                     "without (kept unless it costs).")
+    if d.get("candidates"):
+        lines += ["", "| policy and score (dev) | AUROC | threshold | in-scope acc | OOS recall |",
+                  "|---|---:|---:|---:|---:|"]
+    for name, c in d.get("candidates", {}).items():
+        thr = "none" if c["threshold"] is None else f"{c['threshold']:.4f}"
+        lines.append(f"| {name}{' (chosen)' if name == d['policy'] else ''} | {c.get('dev_auroc', float('nan')):.4f} "
+                     f"| {thr} | {_pct(c['dev']['in_scope_acc'])} | {_pct(c['dev']['oos_recall'])} |")
+    c = d.get("oos_curve")
+    if c:
+        ch = c["chosen"]
+        lines += ["", f"In-scope accuracy against out-of-scope recall on {c['split']} ({c['model']} model, "
+                  f"{c['score']} threshold swept; AUROC {c['auroc']:.4f}); the shipped threshold gives "
+                  f"**{_pct(ch['in_scope_acc'])} in-scope, {_pct(ch['oos_recall'])} recall**:", "",
+                  "| threshold | in-scope acc | OOS recall | in-scope refused |", "|---:|---:|---:|---:|"]
+        pts = c["points"]
+        for p in pts[:: max(1, len(pts) // 10)]:
+            thr = "none" if p["threshold"] is None else f"{p['threshold']:.4f}"
+            lines.append(f"| {thr} | "
+                         f"{_pct(p['in_scope_acc'])} | {_pct(p['oos_recall'])} | {_pct(p['refused_in_scope'])} |")
+        if "oos" in rep.get("plots", {}):
+            lines += ["", f"![out-of-scope curve]({rep['plots']['oos']})"]
+    elif d.get("oos_recall") == "unknown":
+        lines += ["", "**Out-of-scope recall is unknown**: the data has no out-of-scope examples, so nothing "
+                  "measures how often a request outside these intents is refused."]
+    lines += ["", "| runtime | slot F1 argmax | slot F1 constrained | invalid BIO argmax | invalid BIO constrained | "
+              "intent acc with rejection | in-scope acc | OOS recall | rejected |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for rt in RUNTIMES:
+        if rt in export["extra"]:
+            e = export["extra"][rt]["extra"]["decoding"]
+            w = e["with_rejection"]
+            a = e.get("argmax", {"slot_f1": None, "invalid_bio": "—"})  # not with decoding.compare_argmax = false
+            lines.append(f"| {rt} | {_pct(a['slot_f1'])} | {_pct(e['constrained']['slot_f1'])} | "
+                         f"{a['invalid_bio']} | {e['constrained']['invalid_bio']} | {_pct(w['intent_acc'])} | "
+                         f"{_pct(w.get('in_scope_acc'))} | {_pct(w.get('oos_recall'))} | {_pct(e['rejected_share'])} |")
+    compared = any("argmax" in export["extra"][rt]["extra"]["decoding"] for rt in RUNTIMES
+                   if rt in export["extra"])
+    lines += ["", "Argmax: the same model exported without the decoding graph"
+              + ("" if compared else ", not exported in this build (`decoding.compare_argmax = false`)")
+              + ". The stage rows above score the graph with rejection off (the model's own answers); the package "
+              "row scores it as shipped (rejection on)."]
+    return lines
+
+
+def _profile(rep: dict) -> list[str]:
+    """`edgekit profile`'s top 10 ops, when it was run on this package."""
+    p = rep.get("profile")
+    if not p:
+        return []
+    lines = ["", f"## Hotspots ({p['runtime']}, `edgekit profile`)", "",
+             f"{p['runs']} test utterances, {p['threads']} thread(s): {p['ms_per_run']:.3f} ms per call under the "
+             f"profiler; the ops explain {100 * p['covered']:.0f}% of it (the rest is the session's work between "
+             "nodes). Share: of the ops' summed time." + (f" {p['note']}." if p.get("note") else ""), "",
+             "| op | runs per call | ms per call | share |", "|---|---:|---:|---:|"]
+    return lines + [f"| {r['op']} | {r['count']:g} | {r['ms_per_run']:.4f} | {100 * r['share']:.1f}% |"
+                    for r in p["rows"]]
+
+
+# report.md, section by section: each renderer takes report.json's dict and gives its lines (none when the build
+# has nothing to show there), each section but the header starting with a blank line.
+SECTIONS = (_header, _stage_table, _compression, _quantization, _exported, _fusion, _decoding, _profile,
+            _package_files, _latency, _batches, _provider, _warnings)
+
+
+def render_markdown(rep: dict) -> str:
+    """The header, one comparison table (a row per stage), what each pass did, then package files and latency."""
+    return "\n".join(line for section in SECTIONS for line in section(rep)) + "\n"

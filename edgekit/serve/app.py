@@ -1,0 +1,276 @@
+"""`edgekit serve OUT`: a package behind HTTP on Ray Serve, with dynamic batching.
+
+One deployment: each replica (edgekit.serve.replica) takes HTTP straight from Serve's proxy (HAProxy by default:
+edgekit.serve.ray_env), validates the request (a bad one gets a 4xx and never reaches the model), and answers through
+`edgekit.runtime` in batches that `@serve.batch` gathers from concurrent requests (size and wait window from the
+package's `serve` table, which the profile wrote: edgekit.serve.settings);
+`/predict_batch` is fanned out as single items, so they batch with everyone else's. A second deployment in front
+(an ingress) cost half the throughput on a 2-core machine: every hop is a Ray call. The package travels to the
+replicas as bytes through Ray, so the same command serves on a multi-node cluster (`--address`); each replica
+checks every file's sha256 before loading.
+
+Here: the request checks and the pool a replica uses, the package's files and settings, and Ray started and
+stopped. Ray is imported lazily (edgekit.serve.replica only when serving): `pip install -e '.[serve]'`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import contextmanager
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from edgekit.serve.settings import ServeSettings, replica_count
+
+log = logging.getLogger("edgekit")
+
+
+# what Serve's proxies (HAProxy, the Python one) say when the address was taken between check_port and their bind
+BIND_FAILURES = ("Address already in use", "Failed to bind to address")
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def check_item(body: object, intents: list[str], limit: int, field_name: str = "text", decoding: bool = True) -> dict:
+    """A /predict body (or one /predict_batch text, its `text` set) -> the item a replica answers; BadRequest
+    names the field (`field_name`). decoding: the package's graph takes an intent mask."""
+    if not isinstance(body, dict):
+        raise BadRequest(400, "the body must be a JSON object")
+    text = body.get("text")
+    if not isinstance(text, str):
+        raise BadRequest(422, f"{field_name}: required, a string")
+    if len(text) > limit:
+        raise BadRequest(413, f"{field_name}: {len(text)} characters, the limit is {limit}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # JSON may carry a lone surrogate ("\ud800"), which is no text
+        raise BadRequest(422, f"{field_name}: not valid Unicode (a lone surrogate)") from None
+    allow = body.get("allow_intents")
+    if allow is not None and not decoding:
+        raise BadRequest(422, "allow_intents: this package's graph has no intent mask (built without decoding)")
+    if allow is not None:
+        if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
+            raise BadRequest(422, "allow_intents: a list of intent names")
+        if not allow:
+            raise BadRequest(422, "allow_intents: empty (no intent could answer)")
+        unknown = [a for a in allow if a not in intents]
+        if unknown:
+            raise BadRequest(422, f"allow_intents: unknown intent {unknown[0]!r}; known: {', '.join(intents)}")
+    reject = body.get("reject", True)
+    if not isinstance(reject, bool):
+        raise BadRequest(422, "reject: true or false")
+    return {"text": text, "allow_intents": allow, "reject": reject}
+
+
+class Pool:
+    """The items of the batches Serve formed, answered by one model call at a time; each call takes up to max_batch
+    of the oldest. Serve forms a batch per wait window even while the model is busy, and those batches wait their
+    turn, so under load they would stay a few items each (mean 2.4 under `high`, docs/experiments.md). Joined in
+    one pool, the model's batches grow with the backlog. run: async, items -> their answers, in order."""
+
+    def __init__(self, max_batch: int, run):
+        self.max_batch, self.run = max_batch, run
+        self.items: list[tuple[dict, asyncio.Future]] = []  # oldest first
+        self.lock = asyncio.Lock()  # one model call at a time
+
+    async def answer(self, items: list[dict]) -> list:
+        loop = asyncio.get_running_loop()
+        mine = [loop.create_future() for _ in items]
+        self.items += zip(items, mine)
+        while not all(f.done() for f in mine):
+            async with self.lock:
+                if all(f.done() for f in mine):  # a call made while we waited took them
+                    break
+                take, self.items = self.items[:self.max_batch], self.items[self.max_batch:]
+                try:
+                    outs = await self.run([i for i, _ in take])
+                except BaseException:  # cancelled mid-call: the next call answers them
+                    self.items[:0] = take
+                    raise
+                for (_, f), out in zip(take, outs):
+                    f.set_result(out)
+        return [f.result() for f in mine]
+
+
+def in_calls(items: list[dict], sub_batch: int, predict_batch) -> list[dict]:
+    """The answers to `items`, in order: one predict_batch call, or with sub_batch N < len(items) the items sorted by
+    length (characters: no tokenizing twice) in calls of at most N, so each call pads to a nearer longest one."""
+    n = sub_batch or len(items)
+    order = sorted(range(len(items)), key=lambda k: len(items[k]["text"])) if n < len(items) else range(len(items))
+    answers = [None] * len(items)
+    for i in range(0, len(items), n):
+        part = [items[k] for k in order[i:i + n]]
+        outs = predict_batch([it["text"] for it in part], [it["allow_intents"] for it in part],
+                             [it["reject"] for it in part])
+        for k, out in zip(order[i:i + n], outs):
+            answers[k] = out
+    return answers
+
+
+def package_files(package: Path) -> dict[str, bytes]:
+    """The package's files (the manifest and every file it lists), to ship to replicas on any node."""
+    from edgekit.runtime.package import MANIFEST, Package
+
+    pkg = Package.load(package)
+    return {name: (package / name).read_bytes() for name in [MANIFEST, *pkg.manifest["files"]]}
+
+
+def settings_of(manifest: dict, **over) -> ServeSettings:
+    """The package's serve table (defaults for a phone package), with the command line's overrides."""
+    values = {k: v for k, v in (manifest.get("serve") or {}).items() if k in ServeSettings.__dataclass_fields__}
+    values.update({k: v for k, v in over.items() if v is not None})
+    if over.get("max_batch") and values.get("max_ongoing_requests", 0) < over["max_batch"]:
+        values["max_ongoing_requests"] = 8 * over["max_batch"]
+    return ServeSettings(**values)
+
+
+def application(package: Path, settings: ServeSettings):
+    """The Ray Serve application for `package`: one deployment whose replicas (edgekit.serve.replica) take HTTP from
+    Serve's proxy."""
+    from ray import serve
+
+    from edgekit.serve.replica import Replica
+
+    s = settings
+    if not s.replicas and not s.autoscale:
+        raise ValueError("replicas = 0 must be counted first (replica_count)")
+    files = package_files(package)
+    # On shutdown, in-flight requests get a few seconds to finish (Ray's default is 20 s, then it kills them).
+    deployment = serve.deployment(Replica, name="edgekit", max_ongoing_requests=s.max_ongoing_requests,
+                                  graceful_shutdown_timeout_s=5.0, graceful_shutdown_wait_loop_s=0.5,
+                                  logging_config={"enable_access_log": s.access_log})
+    scaling = ({"autoscaling_config": {"min_replicas": s.min_replicas, "max_replicas": s.max_replicas,
+                                       "target_ongoing_requests": s.target_ongoing_requests}}
+               if s.autoscale else {"num_replicas": s.replicas})
+    return deployment.options(**scaling, ray_actor_options={"num_cpus": s.threads, "num_gpus": s.num_gpus}).bind(
+        files, settings)
+
+
+def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
+          address: str | None = None, after_init=None, app=None) -> ServeSettings:
+    """Start Ray (or join the cluster at `address`) and Serve, and deploy the package. Returns, once it answers,
+    the settings it runs with (`replicas = 0` counted, the proxy that started).
+    after_init: called once Ray is up (ray.init replaces the process's SIGTERM handler; the caller's goes back).
+    app: settings -> a bound Serve application, deployed instead of the package's (examples/serve_ceiling.py's
+    model-free server), with the settings counted here.
+    A cluster we join keeps the proxy it was started with (RAY_SERVE_ENABLE_HA_PROXY on every node)."""
+    import os
+
+    from edgekit.errors import EdgekitError
+    from edgekit.serve.ray_env import check_port, proxy_environment, ray_temp_dir
+
+    if not address:  # a cluster's proxies listen on its own nodes
+        check_port(host, port)
+
+    # The HTTP proxy drains for 30 s by default before it stops; the processes a local Ray starts inherit this.
+    os.environ.setdefault("RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S", "1")
+    if not address:  # before Ray starts: its controller reads the proxy choice from the environment it inherits
+        os.environ.update(proxy_environment(settings.proxy))
+    import ray
+    from ray import serve
+
+    # Serve's driver logger says INFO lines our own two lines already say, one of them alarming ("New
+    # http_options/controller_options will not be applied": serve.run's own start after ours, which changes nothing).
+    # For the whole process: a caller in the same process (examples/serve_ceiling.py) gets its warnings only.
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    kwargs = {} if address else {"_temp_dir": str(ray_temp_dir()), "include_dashboard": False}
+    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, **kwargs)
+    if after_init:
+        after_init()
+    if settings.num_gpus and not ray.cluster_resources().get("GPU"):
+        # Ray would wait forever for a GPU to place the replicas on
+        log.warning("this Ray cluster has no GPU: replicas run without one (num_gpus 0)")
+        settings = replace(settings, num_gpus=0.0)
+    # a cluster we join may run other work: count what is free there
+    free = ray.available_resources() if address else ray.cluster_resources()
+    if settings.num_gpus > free.get("GPU", 0) + 1e-6:
+        log.warning("no GPU of this Ray cluster is free for a replica (num_gpus %s): the replicas start when one "
+                    "is", settings.num_gpus)
+    settings = replica_count(settings, free.get("CPU", 1), free.get("GPU", 0))
+    try:
+        serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
+    except Exception as e:  # HAProxy is Serve's newer ingress: if it cannot start, the Python proxy serves
+        bind = next((line.strip() for line in str(e).splitlines() if any(f in line for f in BIND_FAILURES)), None)
+        if not address and bind:
+            stop()
+            raise EdgekitError(f"cannot listen on {host}:{port}: {bind[:200]}") from None
+        if address or os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
+            raise
+        lines = str(e).splitlines() or [repr(e)]
+        reason = next((line for line in lines if "ALERT" in line), lines[-1])
+        log.warning("Serve's HAProxy did not start (%s); Serve's Python proxy answers instead", reason.strip()[:300])
+        stop()
+        return start(package, replace(settings, proxy="python"), host, port, address, after_init, app)
+    serve.run(app(settings) if app else application(package, settings), name="edgekit", route_prefix="/",
+              blocking=False)
+    return settings
+
+
+def stop(address: str | None = None) -> None:
+    """Tear down what `start` made: on a cluster we joined, our application only (others may serve there too);
+    a local Ray with Serve and every process it started, and HAProxy's files of this run."""
+    import os
+    import shutil
+
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():  # start failed before Ray was up: serve.shutdown would start a Ray of its own
+        return
+    node = ray.get_runtime_context().get_node_id()
+    try:
+        # the notice may reach the driver's listener thread after serve.shutdown returns: filter until Ray is down
+        with _without_controller_exit_notice():
+            try:
+                if address:
+                    serve.delete("edgekit")
+                else:
+                    serve.shutdown()
+            finally:
+                ray.shutdown()
+    finally:
+        state = os.environ.get("RAY_SERVE_HAPROXY_SERVER_STATE_BASE")
+        if not address and state:  # Serve leaves its per-node folder (config, state) behind
+            shutil.rmtree(Path(state) / node, ignore_errors=True)
+
+
+@contextmanager
+def _without_controller_exit_notice():
+    """Leave out the one line Ray prints on every clean `serve.shutdown`: "(raylet) Task
+    ServeController.graceful_shutdown failed ... killed by `ray.kill`". Serve's controller ends itself before that
+    call returns, and the driver's error listener (ray._private.worker.listen_error_messages) prints the retry
+    notice; the shutdown itself went as planned. Other error lines pass. Not re-entrant: one stop() at a time
+    (edgekit serve's signal handlers only set an event)."""
+    import ray._private.worker as worker
+
+    printer = getattr(worker, "print_to_stdstream", None)
+    if printer is None:  # another Ray: nothing to filter
+        yield
+        return
+
+    def filtered(data, *args, **kwargs):
+        lines = data.get("lines", [])
+        if not any("ServeController.graceful_shutdown" in line and "ray.kill" in line for line in lines):
+            printer(data, *args, **kwargs)
+
+    worker.print_to_stdstream = filtered
+    try:
+        yield
+    finally:
+        worker.print_to_stdstream = printer
+
+
+def describe(settings: ServeSettings, address: str | None = None) -> str:
+    """One line for the terminal: replicas, batching, providers, threads and proxy."""
+    d = asdict(settings)
+    scale = (f"{d['min_replicas']}-{d['max_replicas']} replicas (autoscaling)" if d["autoscale"]
+             else f"{d['replicas']} replica{'s' * (d['replicas'] > 1)}" if d["replicas"]
+             else f"a replica per {d['threads']} CPU{'s' * (d['threads'] > 1)} of the cluster")
+    proxy = "the cluster's" if address else d["proxy"]
+    return (f"{scale}, max batch {d['max_batch']}, wait {d['batch_wait_ms']} ms, providers "
+            f"{'/'.join(d['providers'])}, {d['threads']} thread(s) per replica, {proxy} proxy")
