@@ -145,14 +145,14 @@ class OnnxBackend:
         so.log_severity_level = 3
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         chosen = choose(providers or ["cpu"], serve, max_len, n_intents, dynamic_seq)
-        self.dynamic_seq = dynamic_seq
+        self.dynamic_seq, self.file = dynamic_seq, Path(path).name
         try:
             self.session = ort.InferenceSession(str(path), so, providers=[p for p, _ in chosen],
                                                 provider_options=[o for _, o in chosen],
                                                 disabled_optimizers=disabled_optimizers or [])
         except Exception as e:  # onnxruntime's own exception types (InvalidProtobuf, Fail, ...) share no base
             if type(e).__module__.startswith("onnxruntime"):
-                raise PackageError(f"{Path(path).name}: ONNX Runtime cannot load it ({_first_line(e)})") from None
+                raise PackageError(f"{self.file}: ONNX Runtime cannot load it ({_first_line(e)})") from None
             raise
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -164,8 +164,17 @@ class OnnxBackend:
         """Inputs in the graph's order (see the manifest's `inputs`)."""
         if self.dynamic_seq:
             inputs = cut(inputs)
-        if self.binding is None:
-            return self.session.run(None, dict(zip(self.input_names, inputs)))
+        try:
+            if self.binding is None:
+                return self.session.run(None, dict(zip(self.input_names, inputs)))
+            return self._run_bound(inputs)
+        except Exception as e:  # onnxruntime's own exception types (InvalidArgument, Fail, ...) share no base
+            if isinstance(e, RuntimeError) or type(e).__module__.startswith("onnxruntime"):
+                raise PackageError(f"{self.file}: ONNX Runtime cannot run it ({_first_line(e)})") from None
+            raise
+
+    def _run_bound(self, inputs) -> list[np.ndarray]:
+        """One run through IO binding (a GPU provider): inputs copied in, outputs copied back to the CPU."""
         b = self.binding
         b.clear_binding_inputs()
         b.clear_binding_outputs()

@@ -55,7 +55,7 @@ class Fallback:
             if time.monotonic() > deadline:
                 return None
             ans = json.loads(data)
-        except (OSError, http.client.HTTPException, ValueError):  # URLError and timeouts are OSErrors; a reply
+        except (OSError, http.client.HTTPException, ValueError, OverflowError):  # URLError and timeouts are OSErrors; a reply
             return None  # that is not HTTP raises HTTPException, one that is not JSON ValueError
         if not isinstance(ans, dict) or not isinstance(ans.get("intent"), str):
             return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgekit.runtime.package import PackageError
 from edgekit.runtime.tokenizer import Encoding
 
 OOS = "oos"  # the reserved intent a package answers when it rejects an utterance as out of scope
@@ -14,12 +15,22 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
+def tag_names(ids, tags: list[str]) -> list[str]:
+    """Tag ids the graph answered -> names; an id labels.json has no name for (its slot_tags edited to fewer than
+    the graph has) is a PackageError, not an IndexError."""
+    ids = [int(i) for i in ids]
+    bad = [i for i in ids if not 0 <= i < len(tags)]
+    if bad:
+        raise PackageError(f"labels.json: slot_tags has {len(tags)} names, the graph answered tag id {bad[0]}")
+    return [tags[i] for i in ids]
+
+
 def word_tags(slot_logits: np.ndarray, enc: Encoding, tags: list[str]) -> list[str]:
     """BIO tag per word from (T, S) logits at each word's first piece; words cut by truncation get O."""
     out = ["O"] * len(enc.words)
     for pos, w in enumerate(enc.word_index):
         if w >= 0:
-            out[w] = tags[int(slot_logits[pos].argmax())]
+            (out[w],) = tag_names([slot_logits[pos].argmax()], tags)
     return out
 
 
@@ -55,7 +66,7 @@ def decode(text: str, enc: Encoding, outputs: list[np.ndarray], labels: dict, de
         tags = None
         if len(outputs) > 2:  # word tags for the words that fit; words cut by truncation get O
             ids = np.asarray(outputs[2])[0, : enc.n_words_kept]
-            tags = [labels["slot_tags"][int(i)] for i in ids] + ["O"] * (len(enc.words) - enc.n_words_kept)
+            tags = tag_names(ids, labels["slot_tags"]) + ["O"] * (len(enc.words) - enc.n_words_kept)
     else:
         probs = softmax(np.asarray(outputs[0], dtype=np.float64)[0])
         k, conf = int(probs.argmax()), float(probs.max())

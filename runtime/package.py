@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
+
+from edgekit.runtime.jsonfile import LABELS_BYTES, MANIFEST_BYTES, JSONFileError, loads, read_bounded, read_json
+from edgekit.runtime.protofile import ONNX_DTYPES, onnx_inputs, piece_count
 
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
@@ -19,12 +22,17 @@ RUNTIMES = tuple(RUNTIME_NAMES)
 MODEL_FILES = {"executorch": "model.pte", "onnx": "model.onnx"}  # each runtime's model file in a package
 SCHEMA_FILE = "manifest.schema.json"  # JSON Schema of the manifest: the runtime's copy, shipped in every package
 SCHEMA_PATH = Path(__file__).parent / SCHEMA_FILE
+LABELS_SCHEMA_PATH = Path(__file__).parent / "labels.schema.json"  # the runtime's own; packages do not ship it
 
 
 def package_dir(root: str | Path) -> Path:
     """`root` as a Path, or PackageError when it is not a folder (one line: missing, or a file)."""
     root = Path(root)
-    if not root.is_dir():
+    try:
+        is_dir = root.is_dir()
+    except OSError as e:  # a name too long, a loop of links: the path and why, as for a missing folder
+        raise PackageError(f"{root}: {e.strerror or e}") from None
+    if not is_dir:
         raise PackageError(f"{root}: " + ("a file, not a package folder" if root.exists() else
                                           "no such package directory"))
     return root
@@ -47,46 +55,84 @@ REPORTS = ("report.json", "report.md", "oos_curve.png", "stages.png")
 
 
 @functools.cache
-def schema() -> dict:
-    """The JSON Schema this runtime holds manifests to (its own copy: a package's copy is data, not authority)."""
-    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+def schema(path: Path = SCHEMA_PATH) -> dict:
+    """A JSON Schema this runtime holds a package's JSON to: its own copy (a package's copy is data, not authority),
+    read as the package's files are (edgekit.runtime.jsonfile)."""
+    return read_json(path, MANIFEST_BYTES, "schema")
 
 
-def _constant(name: str):
-    raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
+def _unique(validator, unique, instance, _schema):
+    """uniqueItems, linear: every array these schemas keep unique holds strings (`items` refuses the rest), and
+    jsonschema's own check is quadratic on an array of mixed types."""
+    if unique and isinstance(instance, list) and all(isinstance(x, str) for x in instance):
+        seen: set[str] = set()
+        twice = next((x for x in instance if x in seen or seen.add(x)), None)
+        if twice is not None:
+            import jsonschema
+
+            yield jsonschema.ValidationError(f"{_short(twice)} is given twice (each name once)")
 
 
-def strict_json(text: str):
-    """json.loads without Python's NaN, Infinity and -Infinity extensions (no JSON parser elsewhere reads them, and
-    a schema's minimum/maximum cannot catch NaN)."""
-    return json.loads(text, parse_constant=_constant)
+def _items(validator, items, instance, schema):
+    """`items`; for a list of names (labels.json's: up to 4 MiB of them) under a {"type": "string", "minLength"}
+    item schema, only the items that fail it are descended into (jsonschema's own descends into each: 6 s for 400k)."""
+    import jsonschema
+
+    simple = isinstance(items, dict) and items.get("type") == "string" and set(items) <= {"type", "minLength",
+                                                                                          "description"}
+    if not (simple and isinstance(instance, list) and "prefixItems" not in schema):
+        yield from jsonschema.Draft202012Validator.VALIDATORS["items"](validator, items, instance, schema)
+        return
+    least = items.get("minLength", 0)
+    bad = (k for k, x in enumerate(instance) if not isinstance(x, str) or len(x) < least)
+    for k in itertools.islice(bad, 100):
+        yield from validator.descend(instance[k], items, path=k)
 
 
 @functools.cache
-def _validator():
+def _validator(path: Path = SCHEMA_PATH):
     import jsonschema
 
     # JSON Schema counts 16.0 as an integer; a manifest's counts and ids are written as integers, so only those
     ints = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
         "integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
-    return jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=ints)(schema())
+    cls = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"uniqueItems": _unique, "items": _items},
+                                       type_checker=ints)
+    return cls(schema(path))
+
+
+def _short(value, n: int = 80) -> str:
+    """repr(value), cut to n characters: a message stays one short line whatever the file holds."""
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _schema_check(instance, where, path: Path = SCHEMA_PATH, what: str = "(the manifest)") -> None:
+    """PackageError naming the field of the best of the first errors the schema at `path` finds in `instance`."""
+    import jsonschema
+
+    # the first 100 errors: best_match weighs each, and a 1 MiB file can hold hundreds of thousands
+    err = jsonschema.exceptions.best_match(itertools.islice(_validator(path).iter_errors(instance), 100))
+    if err is None:
+        return
+    field = ".".join(map(str, err.absolute_path)) or what
+    if err.validator == "pattern" and "description" in err.schema:  # the description, not the regex itself
+        why = f"{_short(err.instance)} is not {err.schema['description']}"
+    else:  # jsonschema's message quotes the instance: cut it to one short line
+        why = err.message if len(err.message) <= 200 else err.message[:120] + " ... " + err.message[-70:]
+    raise PackageError(f"{where}: {field}: {why}")
 
 
 def check_manifest(m: object, where: str = MANIFEST) -> dict:
     """The manifest against manifest.schema.json, before any field is used, then what a schema cannot say (every
     file the manifest points to is listed in `files`): one line naming the field on failure."""
-    import jsonschema
-
     if not isinstance(m, dict):
         raise PackageError(f"{where}: expected a JSON object, got {type(m).__name__}")
-    if m.get("schema_version") != SCHEMA_VERSION:
-        raise PackageError(f"{where}: schema_version {m.get('schema_version')!r}, this runtime reads {SCHEMA_VERSION}"
-                           + (" (rebuild the package with this edgekit)" if m.get("schema_version") == 1 else ""))
-    err = jsonschema.exceptions.best_match(_validator().iter_errors(m))
-    if err is not None:
-        field = ".".join(map(str, err.absolute_path)) or "(the manifest)"
-        what = err.schema.get("description") if err.validator == "pattern" else None  # not the regex itself
-        raise PackageError(f"{where}: {field}: " + (f"{err.instance!r} is not {what}" if what else err.message))
+    version = m.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise PackageError(f"{where}: schema_version {_short(version)}, this runtime reads {SCHEMA_VERSION}"
+                           + (" (rebuild the package with this edgekit)" if version == 1 else ""))
+    _schema_check(m, where)
     files, models, tok = m["files"], m["models"], m["tokenizer"]
     refs = {f"models.{k}": v for k, v in models.items()} | {"labels": m["labels"], "tokenizer.file": tok["file"],
                                                            "schema": m["schema"]}
@@ -116,6 +162,81 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
     return m
 
 
+def check_labels(labels: object, m: dict, where: str | Path = "labels.json") -> dict:
+    """labels.json against labels.schema.json (intents: unique non-empty names; slot_tags: names; oos_label: one
+    of the intents, or null), then against the manifest's label_sets: one line naming the field on failure."""
+    if not isinstance(labels, dict):
+        raise PackageError(f"{where}: expected a JSON object, got {type(labels).__name__}")
+    _schema_check(labels, where, LABELS_SCHEMA_PATH, "(the labels)")
+    oos = labels.get("oos_label")
+    if oos is not None and oos not in labels["intents"]:
+        raise PackageError(f"{where}: oos_label: {_short(oos)} is not one of the intents")
+    for key in ("intents", "slot_tags"):
+        if len(labels[key]) != m["label_sets"][key]:
+            raise PackageError(f"{where}: {key}: {len(labels[key])} names, the manifest's label_sets.{key} says "
+                               f"{m['label_sets'][key]}")
+    return labels
+
+
+def _check_files(root: Path, m: dict, verify: bool) -> None:
+    """Each file the manifest lists: present, a plain file inside the folder (no link out), its sha256 (unless
+    not `verify`) and size as the manifest says."""
+    inside = root.resolve()
+    for name, meta in m["files"].items():
+        f = root / name
+        if not f.is_file():
+            raise PackageError(f"{f}: listed in the manifest but missing")
+        if f.resolve().parent != inside:
+            raise PackageError(f"{f}: a link that leaves the package folder")
+        if verify and sha256(f) != meta["sha256"]:
+            raise PackageError(f"{f}: sha256 differs from the manifest (corrupted or edited)")
+        if f.stat().st_size != meta["bytes"]:
+            raise PackageError(f"{f}: {f.stat().st_size} bytes, the manifest says {meta['bytes']} (truncated or "
+                               "edited)")
+
+
+def _shape(dtype, dims) -> str:
+    name = {v: k for k, v in ONNX_DTYPES.items()}.get(dtype, f"elem_type {dtype}")
+    return f"{name} [{', '.join(map(str, dims))}]" if dims is not None else f"{name} with no shape"
+
+
+def _fits(dim, want) -> bool:
+    """A graph's dimension (int, a name, or None: unknown) takes the manifest's: "batch" needs a dynamic one, a
+    number the same number or a dynamic one (e.g. a dynamic sequence axis)."""
+    dynamic = not isinstance(dim, int)
+    return dynamic if want == "batch" else dynamic or dim == want
+
+
+def _check_models(root: Path, m: dict) -> None:
+    """What the manifest says of the other files, read from them without loading a model: the tokenizer's piece
+    count is tokenizer.vocab_size, and each ONNX graph declares the manifest's inputs (names, dtypes, shapes: a
+    fixed dimension is the manifest's number, "batch" is a dynamic one)."""
+    tok = root / m["tokenizer"]["file"]
+    try:
+        pieces = piece_count(tok)
+    except ValueError as e:
+        raise PackageError(f"{tok}: not a SentencePiece model ({e})") from None
+    if pieces != m["tokenizer"]["vocab_size"]:
+        raise PackageError(f"{tok}: {pieces} pieces, the manifest's tokenizer.vocab_size says "
+                           f"{m['tokenizer']['vocab_size']}")
+    graphs = [m["models"]["onnx"]] if "onnx" in m["models"] else []
+    graphs += [m["tensorrt_model"]] if "tensorrt_model" in m else []
+    names = [i["name"] for i in m["inputs"]]
+    for f in (root / name for name in graphs):
+        try:
+            graph = onnx_inputs(f)
+        except ValueError as e:
+            raise PackageError(f"{f}: not an ONNX model ({e})") from None
+        if [name for name, _, _ in graph] != names:
+            raise PackageError(f"{f}: the graph's inputs are {_short([n for n, _, _ in graph])}, the manifest's "
+                               f"inputs say {names}")
+        for k, ((name, dtype, dims), want) in enumerate(zip(graph, m["inputs"])):
+            if dtype != ONNX_DTYPES[want["dtype"]] or dims is None or len(dims) != len(want["shape"]) or not all(
+                    map(_fits, dims, want["shape"])):
+                raise PackageError(f"{f}: input {name} is {_shape(dtype, dims)} in the graph, the manifest's "
+                                   f"inputs.{k} says {want['dtype']} [{', '.join(map(str, want['shape']))}]")
+
+
 @dataclass
 class Package:
     root: Path
@@ -125,45 +246,30 @@ class Package:
 
     @classmethod
     def load(cls, root: str | Path, verify: bool = True, digest: str | None = None) -> "Package":
-        """Read and check a package folder: the manifest's schema, every file it points to listed and inside the
-        folder, each file present with its sha256 and size; with `digest`, the manifest's own sha256."""
+        """Read and check a package folder (docs/package-format.md#checks-on-load): the manifest (inside the folder,
+        at most 1 MiB, strict JSON) against its schema, every file it points to listed and inside the folder, each
+        file present with its sha256 and size; labels.json against its schema and label_sets; the tokenizer's piece
+        count and the ONNX graph's inputs against the manifest; with `digest`, the manifest's own sha256."""
         root = package_dir(root)
         mpath = root / MANIFEST
         if not mpath.is_file():
             raise PackageError(f"{mpath}: missing; is {root} an edgekit package?")
-        raw = mpath.read_bytes()
-        own = hashlib.sha256(raw).hexdigest()
-        if digest is not None and own != digest.removeprefix("sha256:").lower():
-            raise PackageError(f"{mpath}: package digest sha256:{own} is not the pinned {digest}")
+        if mpath.resolve().parent != root.resolve():
+            raise PackageError(f"{mpath}: a link that leaves the package folder")
         try:
-            manifest = strict_json(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise PackageError(f"{mpath}: not UTF-8 (byte {e.start})") from None
-        except json.JSONDecodeError as e:
-            raise PackageError(f"{mpath}:{e.lineno}: invalid JSON ({e.msg})") from None
-        check_manifest(manifest, str(mpath))
-        inside = root.resolve()
-        for name, meta in manifest["files"].items():
-            f = root / name
-            if not f.is_file():
-                raise PackageError(f"{f}: listed in the manifest but missing")
-            if f.resolve().parent != inside:
-                raise PackageError(f"{f}: a link that leaves the package folder")
-            if verify and sha256(f) != meta["sha256"]:
-                raise PackageError(f"{f}: sha256 differs from the manifest (corrupted or edited)")
-            if f.stat().st_size != meta["bytes"]:
-                raise PackageError(f"{f}: {f.stat().st_size} bytes, the manifest says {meta['bytes']} (truncated or "
-                                   "edited)")
-        try:
-            labels = strict_json((root / manifest["labels"]).read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise PackageError(f"{root / manifest['labels']}: not valid JSON ({e})") from None
-        if not isinstance(labels, dict) or not isinstance(labels.get("intents"), list):
-            raise PackageError(f"{root / manifest['labels']}: expected an object with an intents list")
-        for key in ("intents", "slot_tags"):
-            if len(labels.get(key) or []) != manifest["label_sets"][key]:
-                raise PackageError(f"{root / manifest['labels']}: {key}: {len(labels.get(key) or [])} names, the "
-                                   f"manifest's label_sets.{key} says {manifest['label_sets'][key]}")
+            raw = read_bounded(mpath, MANIFEST_BYTES, "manifest")
+            own = hashlib.sha256(raw).hexdigest()
+            if digest is not None and own != digest.removeprefix("sha256:").lower():
+                raise PackageError(f"{mpath}: package digest sha256:{own} is not the pinned {digest}")
+            manifest = check_manifest(loads(raw, mpath), str(mpath))
+            _check_files(root, manifest, verify)
+            labels = check_labels(read_json(root / manifest["labels"], LABELS_BYTES, "labels file"), manifest,
+                                  root / manifest["labels"])
+            _check_models(root, manifest)
+        except JSONFileError as e:
+            raise PackageError(str(e)) from None
+        except OSError as e:  # a file the package lists that cannot be read (permissions, a name too long)
+            raise PackageError(f"{e.filename or root}: cannot be read ({e.strerror or e})") from None
         return cls(root, manifest, labels, own)
 
     def strays(self) -> list[str]:

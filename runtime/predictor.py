@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import logging
+import math
+import os
+import reprlib
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +17,123 @@ from edgekit.runtime.cascade import DEFAULT_TIMEOUT_S, Fallback
 from edgekit.runtime.decode import OOS, decode
 from edgekit.runtime.latency import summary
 from edgekit.runtime.package import Package, PackageError
-from edgekit.runtime.tokenizer import Encoding, SentencePieceTokenizer
+from edgekit.runtime.providers import PROVIDERS
+from edgekit.runtime.tokenizer import Encoding, InputError, SentencePieceTokenizer
 
 log = logging.getLogger("edgekit.runtime")
+
+# The argument contract: every option's type, shape and range is checked here, before any tensor is made (a tensor
+# of the wrong shape can abort ExecuTorch's C++ runtime, past any except clause). A wrong type is a TypeError, a bad
+# value a ValueError (InputError for text), each one line naming the parameter.
+
+MAX_THREADS = 256  # above any core count; a huge count would have ONNX Runtime try to start that many threads
+_SHOW = reprlib.Repr()
+_SHOW.maxstring = _SHOW.maxother = 40
+NOT_A_LIST = (str, bytes, bytearray, Mapping)  # iterable, but never meant as a list of names or values
+
+
+def shown(value) -> str:
+    """A caller's value as an error message shows it: short, on one line."""
+    try:
+        return " ".join(_SHOW.repr(value).split())
+    except Exception:  # a caller's object whose repr fails still gets a message
+        return f"a {type(value).__name__}"
+
+
+def check_bool(name: str, value) -> bool:
+    """`value` as a Python bool; TypeError unless it is one (numpy's bool too): None, 0, "no" and NaN are not."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name}: expected True or False, got {shown(value)}")
+
+
+def is_list(value) -> bool:
+    """An iterable a caller may give as a list (list, tuple, generator, array...): not a str, bytes or dict."""
+    return isinstance(value, Iterable) and not isinstance(value, NOT_A_LIST)
+
+
+def check_names(name: str, value, what: str = "intent names") -> list[str] | None:
+    """None, or a list of str from any iterable but a str (read once: a generator works); else TypeError."""
+    if value is None:
+        return None
+    if not is_list(value):
+        raise TypeError(f"{name}: expected a list of {what} or None, got {shown(value)}")
+    names = list(value)  # a generator is read once, here; everything after uses the list
+    bad = [a for a in names if not isinstance(a, str)]
+    if bad:
+        raise TypeError(f"{name}: {what} are str, got {shown(bad[0])}")
+    return names
+
+
+def batch_allow(value, n: int) -> tuple[list[str] | None, list]:
+    """predict_batch's allow_intents for n texts -> (the list of names for all texts, or None; n entries, each None
+    or a value for check_names). None allows every intent everywhere."""
+    if value is None:
+        return None, [None] * n
+    if not is_list(value):
+        raise TypeError(f"allow_intents: expected None, a list of intent names or one entry per text, got "
+                        f"{shown(value)}")
+    items = list(value)
+    if items and all(isinstance(a, str) for a in items):
+        return items, [items] * n
+    if any(isinstance(a, str) for a in items):
+        raise TypeError(f"allow_intents: give one list of intent names for all texts or one entry (None or a list "
+                        f"of names) per text, not both, got {shown(items)}")
+    rows = [check_names(f"allow_intents[{k}]", a) for k, a in enumerate(items)]
+    if len(rows) != n:
+        raise ValueError(f"allow_intents: {len(rows)} entries for {n} texts; give a non-empty list of intent names "
+                         "for all, or one entry per text")
+    return None, rows
+
+
+def batch_reject(value, n: int) -> list[bool]:
+    """predict_batch's reject for n texts: one bool for all, or a list of bools, one per text."""
+    if isinstance(value, (bool, np.bool_)):
+        return [bool(value)] * n
+    if not is_list(value):
+        raise TypeError(f"reject: expected True or False, or one of them per text, got {shown(value)}")
+    rows = [check_bool(f"reject[{k}]", r) for k, r in enumerate(list(value))]
+    if len(rows) != n:
+        raise ValueError(f"reject: {len(rows)} values for {n} texts; give one per text, or one for all")
+    return rows
+
+
+MAX_TIMEOUT_S = 3600.0  # a server's answer waited for at most an hour: sockets refuse far larger timeouts
+
+
+def check_number(name: str, value, low: float, high: float, low_open: bool = False) -> None:
+    """None, or a real number (not a bool) in [low, high] ((low, high] with low_open)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected a number or None, got {shown(value)}")
+    # an int too large for a float compares exactly; only floats can be NaN (every comparison False) or infinite
+    if not ((low < value if low_open else low <= value) and value <= high and value not in (math.inf, -math.inf)):
+        raise ValueError(f"{name}: expected a number in {'(' if low_open else '['}{low:g}, {high:g}], got "
+                         f"{shown(value)}")
+
+
+def check_open(package, runtime, threads, providers, digest, fallback_url, spin) -> list[str] | None:
+    """Predictor.open's arguments but the numbers (check_number) -> providers, read once."""
+    if not isinstance(package, (str, os.PathLike, Package)):
+        raise TypeError(f"package: expected a package folder (str or Path) or a Package, got {shown(package)}")
+    if not isinstance(runtime, str):
+        raise TypeError(f"runtime: expected one of {', '.join(BACKENDS)}, got {shown(runtime)}")
+    if runtime not in BACKENDS:
+        raise ValueError(f"runtime: unknown runtime {shown(runtime)}; choose {', '.join(BACKENDS)}")
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
+        raise TypeError(f"threads: expected an int, got {shown(threads)}")
+    if not 1 <= threads <= MAX_THREADS:
+        raise ValueError(f"threads: expected 1 to {MAX_THREADS}, got {shown(threads)}")
+    for name, value in (("digest", digest), ("fallback_url", fallback_url)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{name}: expected a str or None, got {shown(value)}")
+    check_bool("spin", spin)
+    names = check_names("providers", providers, "provider names")
+    unknown = [p for p in names or [] if p not in PROVIDERS]
+    if unknown:
+        raise ValueError(f"providers: unknown provider {shown(unknown[0])}; choose from {', '.join(PROVIDERS)}")
+    return names
 
 
 def load_tokenizer(pkg: Package) -> SentencePieceTokenizer:
@@ -104,12 +222,14 @@ class Predictor:
         `escalate_below` (default: the manifest's `cascade.threshold`) within `fallback_timeout_s` (default:
         the manifest's `cascade.timeout_s`); answers then carry `escalated` (and `fallback` when the server
         could not answer; an utterance that says nothing is never escalated). spin: ONNX Runtime's threads spin-wait
-        between calls (off on a shared server)."""
+        between calls (off on a shared server). A wrong type is a TypeError, a bad value a ValueError, naming the
+        parameter; a package that cannot be used is a PackageError."""
+        providers = check_open(package, runtime, threads, providers, digest, fallback_url, spin)
+        check_number("escalate_below", escalate_below, 0, 1)
+        check_number("fallback_timeout_s", fallback_timeout_s, 0, MAX_TIMEOUT_S, low_open=True)
         pkg = package if isinstance(package, Package) else Package.load(package, digest=digest)
         if digest is not None and pkg.digest != digest.removeprefix("sha256:").lower():
             raise PackageError(f"{pkg.root}: package digest sha256:{pkg.digest} is not the pinned {digest}")
-        if runtime not in BACKENDS:
-            raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(BACKENDS)}")
         path, onnx = pkg.model_path(runtime), {}
         if runtime == "onnx":
             onnx = onnx_options(pkg, providers) | {"spin": spin}
@@ -137,18 +257,24 @@ class Predictor:
         return getattr(self.backend, "provider", "xnnpack")
 
     def intent_mask(self, allow: list[str] | None) -> np.ndarray | None:
-        """Names -> the `intent_mask` input (None: all intents allowed)."""
-        if allow is None:
-            return None
-        if isinstance(allow, str) or not allow:
-            raise ValueError("allow_intents: give a non-empty list of intent names (None allows every intent)")
+        """Names -> the `intent_mask` input (None: all intents allowed); see `allowed`."""
+        return self.allowed(allow)[1]
+
+    def allowed(self, allow, name: str = "allow_intents") -> tuple[list[str] | None, np.ndarray | None]:
+        """allow_intents checked -> (the names, read once from any iterable; the `intent_mask` input). None: every
+        intent, no mask."""
+        names = check_names(name, allow)
+        if names is None:
+            return None, None
+        if not names:
+            raise ValueError(f"{name}: give a non-empty list of intent names (None allows every intent)")
         if not self.decoding:
-            raise ValueError("this package's graph has no intent_mask input (built without decoding)")
+            raise ValueError(f"{name}: this package's graph has no intent_mask input (built without decoding)")
         intents = self.labels["intents"]
-        unknown = [a for a in allow if a not in intents]
+        unknown = [a for a in names if a not in intents]
         if unknown:
-            raise ValueError(f"unknown intent {unknown[0]!r}; the package knows: {', '.join(intents)}")
-        return np.asarray([i in allow for i in intents], dtype=bool)
+            raise ValueError(f"{name}: unknown intent {shown(unknown[0])}; the package knows: {', '.join(intents)}")
+        return names, np.asarray([i in names for i in intents], dtype=bool)
 
     def encode(self, text: str, warn: bool = True) -> Encoding:
         """Tokenize as at build time; raises InputError (a ValueError) on text that is not a valid str."""
@@ -168,12 +294,19 @@ class Predictor:
                 reject: bool = True) -> dict:
         """Answer one utterance. allow_intents restricts the answer to those intents (the confidence is
         renormalised over them); reject=False turns out-of-scope rejection off. With a fallback server, an unsure
-        answer is escalated (see `open`)."""
-        enc, mask = self.encode(text, warn), self.intent_mask(allow_intents)
+        answer is escalated (see `open`). Checked before the model runs: text not a valid str is an InputError;
+        warn and reject must be bools, allow_intents None or a non-empty iterable of the package's intent names."""
+        enc = self.encode(text, check_bool("warn", warn))
+        names, mask = self.allowed(allow_intents)
+        return self.answer(text, enc, names, mask, check_bool("reject", reject))
+
+    def answer(self, text: str, enc: Encoding, names: list[str] | None, mask: np.ndarray | None,
+               reject: bool) -> dict:
+        """One utterance's answer, its arguments already checked (predict)."""
         if enc.empty:  # nothing to answer: no model call, no server asked
             return self.no_words(enc) | ({"escalated": False} if self.fallback else {})
         ans = decode(text, enc, self.run(enc, mask, reject), self.labels, self.decoding)
-        return self.fallback.answer(ans, text, allow_intents, reject) if self.fallback else ans
+        return self.fallback.answer(ans, text, names, reject) if self.fallback else ans
 
     def no_words(self, enc: Encoding) -> dict:
         """The answer to an utterance that says nothing (`enc.empty`: empty, separators only, words past the read
@@ -191,21 +324,34 @@ class Predictor:
     def predict_batch(self, texts: list[str], allow_intents: list[list[str] | None] | None = None,
                       reject: list[bool] | bool = True, warn: bool = False) -> list[dict]:
         """Answer several utterances, each with its own options; one model call on a batched graph, one call
-        per utterance otherwise. Same answers as `predict` on each."""
+        per utterance otherwise. Same answers as `predict` on each. texts: a list (or any iterable, not a str) of
+        str. allow_intents: None, one list of intent names for all, or one entry (None or a list of names) per
+        text. reject: one bool for all, or one per text. Every argument is checked before any model call."""
+        if not is_list(texts):
+            raise TypeError(f"texts: expected a list of str, got {shown(texts)}")
+        texts, warn = list(texts), check_bool("warn", warn)
+        encs = [self.encode_row(k, t, warn) for k, t in enumerate(texts)]
         n = len(texts)
-        allow = allow_intents or [None] * n
-        rej = reject if isinstance(reject, list) else [reject] * n
+        shared, allow = batch_allow(allow_intents, n)
+        if shared is not None:  # one list for all: checked once
+            opts = [self.allowed(shared)] * n
+        else:  # every row's options checked, words or not
+            opts = [self.allowed(a, f"allow_intents[{k}]") for k, a in enumerate(allow)]
+        rej = batch_reject(reject, n)
         if not self.batched:
-            return [self.predict(t, warn, a, r) for t, a, r in zip(texts, allow, rej)]
-        if not n:
-            return []
-        encs = [self.encode(t, warn) for t in texts]
-        masks = [self.intent_mask(a) for a in allow]  # every row's options checked, words or not
+            return [self.answer(t, e, *o, r) for t, e, o, r in zip(texts, encs, opts, rej)]
         run = [i for i, e in enumerate(encs) if not e.empty]  # the rows the model answers, in order
-        out = self.backend.run(*stack([self.inputs(encs[i], masks[i], rej[i]) for i in run])) if run else None
+        out = self.backend.run(*stack([self.inputs(encs[i], opts[i][1], rej[i]) for i in run])) if run else None
         k = iter(range(len(run)))
         return [self.no_words(e) if e.empty else decode(t, e, row(out, next(k)), self.labels, self.decoding)
                 for t, e in zip(texts, encs)]
+
+    def encode_row(self, k: int, text: str, warn: bool) -> Encoding:
+        """texts[k] encoded; its InputError names the row."""
+        try:
+            return self.encode(text, warn)
+        except InputError as e:
+            raise InputError(f"texts[{k}]: {e}") from None
 
     def latency(self, texts: list[str], warmup: int = 20) -> dict:
         """Single-utterance latency of the model call (tokenize and decode excluded), after warm-up."""

@@ -106,7 +106,8 @@ COST_S = {"test_integration.py": 250, "engine/test_pipeline.py": 240, "converter
           "serve/test_serve.py": 160, "cli/test_cli.py": 155, "engine/test_compress.py": 90, "test_golden.py": 75,
           "test_repro.py": 65, "serve/test_web.py": 65, "runtime/test_bounds.py": 45, "converters/test_decoding.py": 41,
           "converters/test_export.py": 38, "tools/test_doctor.py": 37, "converters/test_optimize_onnx.py": 36,
-          "runtime/test_buckets.py": 26}
+          "runtime/test_buckets.py": 26, "runtime/test_contract.py": 60, "runtime/test_package_json.py": 60,
+          "cli/test_cli_fuzz.py": 60, "data/test_data_limits.py": 30}
 
 
 def pytest_collection_modifyitems(items):

@@ -55,18 +55,23 @@ def _register() -> None:
 _register()
 
 
+def one_line(message: str) -> str:
+    """An error message as one line: characters that would break or hide it (a newline in a path) escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
 def main() -> None:
     from edgekit.runtime.package import PackageError
 
     quiet()
     try:
         app()
-    except EdgekitError as e:
-        typer.echo(f"error: {e}", err=True)
-        sys.exit(e.exit_code)
-    except PackageError as e:  # a package that is not what the command needs (e.g. no model for --runtime)
-        typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
+    except (EdgekitError, PackageError, OSError) as e:
+        # PackageError: a package that is not what the command needs (e.g. no model for --runtime); OSError: a path
+        # the system refuses (a name too long, a loop of links)
+        msg = f"{e.filename}: {e.strerror or e}" if isinstance(e, OSError) and e.filename else str(e)
+        typer.echo(f"error: {one_line(msg)}", err=True)
+        sys.exit(getattr(e, "exit_code", 2))
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

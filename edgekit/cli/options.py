@@ -3,7 +3,6 @@ take (declared once, with their help), and the small conversions from flags to A
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import warnings
@@ -14,6 +13,7 @@ from typing import Annotated, Callable, Optional
 import typer
 
 from edgekit.errors import EdgekitError
+from edgekit.runtime.jsonfile import MANIFEST_BYTES, read_json
 from edgekit.runtime.package import MANIFEST, RUNTIMES
 
 
@@ -67,7 +67,7 @@ def runtime_of(value: str | None, package: Path | None = None) -> str:
     """--runtime, or the package's primary runtime when not given."""
     if value is None and package is not None:
         try:
-            return json.loads((package / MANIFEST).read_text(encoding="utf-8"))["primary_runtime"]
+            return read_json(package / MANIFEST, MANIFEST_BYTES, "manifest")["primary_runtime"]
         except (OSError, ValueError, KeyError, TypeError):
             return "executorch"  # the package's own check reports what is wrong with it
     if value not in RUNTIMES:

@@ -59,8 +59,8 @@ def predict(
         result = pred.predict(text, allow_intents=names(allow_intents), reject=not no_reject)
     except InputError as e:  # e.g. bytes that are not UTF-8 on the command line
         raise EdgekitError(f"text: {e}") from None
-    except ValueError as e:
-        raise EdgekitError(f"--allow-intents: {e}") from None
+    except ValueError as e:  # the API names its parameter; the user typed the flag
+        raise EdgekitError(f"--allow-intents: {str(e).removeprefix('allow_intents: ')}") from None
     if not tags:
         result.pop("tags", None)
     typer.echo(json.dumps(result, ensure_ascii=False))

@@ -1,7 +1,8 @@
 """Datasets: JointBERT folders, CLINC150 JSON, CSV, JSONL and folders of split files in one word-level form.
 
 Every example is a list of whitespace words, one BIO tag per word (or None for intent-only data),
-and an intent. The readers are in edgekit.data.formats; errors name the file and the 1-based line.
+and an intent. Here: which layout a path holds (detect_format), folders of split files, the splits drawn from
+train; the reader of each format is in edgekit.data.formats. Errors name the file and the 1-based line.
 """
 
 from __future__ import annotations
@@ -9,11 +10,23 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgekit.data.formats import FORMATS, READERS, SPLITS, Example, detect_format
+from edgekit.data.formats import (
+    LABEL_COLUMNS,
+    SPLIT_ALIASES,
+    SPLITS,
+    TEXT_COLUMNS,
+    Example,
+    read_clinc,
+    read_csv,
+    read_head,
+    read_jointbert,
+    read_jsonl,
+)
 from edgekit.errors import DataError, EdgekitError
 
 log = logging.getLogger("edgekit")
@@ -21,6 +34,9 @@ log = logging.getLogger("edgekit")
 __all__ = ["FORMATS", "SPLITS", "Dataset", "Example", "build_seed", "check_trainable", "detect_format", "load_dataset",
            "package_split", "read_splits", "stratified_split"]
 OOS_LABELS = ("oos", "out_of_scope")
+FORMATS = ("jointbert", "clinc", "csv", "jsonl", "split-files")
+SPLIT_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # as editors count lines (not str.splitlines: JSON strings may hold \u2028)
 
 
 @dataclass
@@ -45,6 +61,71 @@ class Dataset:
         return {"name": self.name, "format": self.format, "source": self.source,
                 "sizes": {k: len(v) for k, v in self.splits.items()}, "intents": len(self.intents),
                 "slot_tags": len(self.slot_tags), "oos_label": self.oos_label, "notes": self.notes}
+
+
+def split_files(folder: Path) -> dict[str, Path]:
+    """The split files of a folder ({"train": folder/"train.csv", "dev": folder/"validation.jsonl", ...})."""
+    found: dict[str, list[Path]] = {}
+    for f in sorted(folder.iterdir()):
+        split = SPLIT_ALIASES.get(f.stem.lower())
+        if split and f.suffix.lower() in SPLIT_SUFFIXES and f.is_file():
+            found.setdefault(split, []).append(f)
+    for split, fs in found.items():
+        if len(fs) > 1:
+            raise DataError(folder, None, f"{len(fs)} files for the {split} split ({', '.join(f.name for f in fs)}); "
+                                          "keep one")
+    return {s: fs[0] for s, fs in found.items()}
+
+
+def detect_format(path: Path) -> str:
+    """Guess the format of a file or folder; raise a DataError naming it when nothing fits."""
+    if path.is_dir():
+        if (path / "data_full.json").is_file():
+            return "clinc"
+        if any((path / s).is_dir() for s in SPLITS):
+            return "jointbert"
+        if split_files(path):
+            return "split-files"
+        raise DataError(path, None, "folder is neither a JointBERT layout (train/seq.in, ...), a folder of split files "
+                                    "(train.csv, test.csv or .jsonl), nor holds data_full.json")
+    if not path.is_file():
+        raise DataError(path, None, "no such file or folder")
+    suffix = path.suffix.lower()
+    if suffix in SPLIT_SUFFIXES:
+        return SPLIT_SUFFIXES[suffix]
+    head, whole = read_head(path)
+    head = head.lstrip()
+    if not head:
+        raise DataError(path, 1, "file is empty")
+    lines = _LINE_BREAK.split(head, maxsplit=1)
+    first = lines[0]
+    if head.startswith("{"):
+        if len(lines) == 1 and not whole:  # a first line over a MiB: a whole-file JSON (CLINC150 on one line)
+            return "clinc"
+        try:
+            obj = json.loads(first)
+            return "jsonl" if isinstance(obj, dict) and "text" in obj else "clinc"
+        except (ValueError, RecursionError):
+            return "clinc"
+    if any(c in first.lower() for c in TEXT_COLUMNS) and any(c in first.lower() for c in LABEL_COLUMNS):
+        return "csv"
+    raise DataError(path, 1, "unknown format: expected a JointBERT folder, CLINC150 JSON, CSV with a header "
+                             "(text,label) or JSONL ({\"text\", \"intent\"})")
+
+
+def read_split_files(path: Path, notes: list[str] | None = None) -> dict[str, list[Example]]:
+    """A folder of one file per split: train, dev (or validation, val), test; each .csv/.tsv or .jsonl/.ndjson."""
+    if not path.is_dir():
+        raise DataError(path, None, "the split-files format reads a folder (train.csv, test.csv, ...), not a file")
+    files = split_files(path)
+    if "train" not in files:
+        found = ", ".join(f.name for f in files.values()) or "no split files"
+        raise DataError(path, None, f"no train file (train.csv or train.jsonl); found {found}")
+    return {s: READERS[SPLIT_SUFFIXES[f.suffix.lower()]](f, notes, split=s)[s] for s, f in files.items()}
+
+
+READERS = {"jointbert": read_jointbert, "clinc": read_clinc, "csv": read_csv, "jsonl": read_jsonl,
+           "split-files": read_split_files}
 
 
 def _stable_key(ex: Example, seed: int) -> str:
@@ -116,9 +197,11 @@ def load_dataset(path: str | Path, fmt: str | None = None, seed: int | None = 0)
 def build_seed(package: str | Path) -> int | None:
     """The seed a package's build drew the dev and test splits it made with (its report.json; None without a
     readable one), so that scoring the package on data without those splits holds out what the build did."""
+    from edgekit.runtime.jsonfile import REPORT_BYTES, read_json
+
     report = Path(package) / "report.json"
-    try:
-        return int(json.loads(report.read_text()).get("config", {}).get("seed") or 0)
+    try:  # the runtime's bounded reader: a report of 100k `[` is no seed, not a RecursionError
+        return int(read_json(report, REPORT_BYTES, "report").get("config", {}).get("seed") or 0)
     except (OSError, ValueError, AttributeError, TypeError):
         return None
 

@@ -1,18 +1,23 @@
-"""Dataset readers: JointBERT folders, CLINC150 JSON, CSV, JSONL and folders of split files (train.csv, ...).
+"""Dataset readers, one per format: JointBERT folders, CLINC150 JSON, CSV and JSONL (edgekit.data.dataset picks
+one, and reads folders of split files with the CSV and JSONL readers).
 
 Each reader returns {split: [Example]} with whitespace words, one BIO tag per word (or None for intent-only data)
 and an intent. Bad input raises a DataError naming the file and the 1-based line (or the JSON field). A UTF-8
-byte order mark is accepted and dropped. docs/data-formats.md is the user's view of these rules.
+byte order mark is accepted and dropped. Line files stream in: a line over MAX_LINE_BYTES is refused as soon as
+that much of it has come in, and a whole-file JSON over MAX_JSON_BYTES before it is read, so memory never holds
+more than one line beyond the examples read. docs/data-formats.md is the user's view of these rules.
 """
 
 from __future__ import annotations
 
 import codecs
 import csv
-import io
 import json
 import logging
+import os
 import re
+from bisect import bisect_left, bisect_right
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,14 +27,16 @@ from edgekit.runtime.tokenizer import split_words
 log = logging.getLogger("edgekit")
 
 SPLITS = ("train", "dev", "test")
-FORMATS = ("jointbert", "clinc", "csv", "jsonl", "split-files")
 TEXT_COLUMNS = ("text", "utterance", "sentence", "query")
 LABEL_COLUMNS = ("label", "intent", "category")
 # Aliases accepted in a `split` column / key, and as the name of a split file (validation.csv).
 SPLIT_ALIASES = {"train": "train", "dev": "dev", "val": "dev", "valid": "dev", "validation": "dev", "test": "test"}
-SPLIT_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
-# Line breaks as editors count them; str.splitlines also breaks at \x85 and \u2028, which JSON strings may hold.
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+# Line breaks as editors count them (str.splitlines also breaks at \x85 and \u2028, which JSON strings may hold), in
+# bytes: \r and \n are never part of a multi-byte UTF-8 character.
+_BREAK = re.compile(rb"\r\n|\r|\n")
+MAX_LINE_BYTES = 1 << 20  # a line, or a CSV row (quoted line breaks join lines), may hold 1 MiB; checked as it streams
+MAX_JSON_BYTES = 32 << 20  # a CLINC150 JSON file is read whole: at most 32 MiB (CLINC150's own: 2.5 MB)
+_CHUNK = 1 << 16
 
 
 @dataclass
@@ -43,83 +50,118 @@ class Example:
         return " ".join(self.words)
 
 
-def read_text(path: Path) -> str:
-    """The file as text: UTF-8, a leading byte order mark dropped (Excel and Notepad write one)."""
+def _open(path: Path):
     if not path.is_file():
         raise DataError(path, None, "is a folder, expected a file" if path.is_dir() else "no such file")
     try:
-        raw = path.read_bytes()
+        return path.open("rb")
     except OSError as e:
         raise DataError(path, None, f"cannot read ({e.strerror or e})") from None
-    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        raise DataError(path, 1, "is UTF-16; save it as UTF-8")
-    raw = raw.removeprefix(codecs.BOM_UTF8)
+
+
+def _decode(path: Path, raw: bytes, line: int) -> str:
+    """UTF-8 text of `raw`, whose first line is `line`; a bad byte is refused naming its line."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = len(_LINE_BREAK.split(raw[: e.start].decode("utf-8")))  # the bytes before the bad one are UTF-8
+        line += len(_BREAK.findall(raw, 0, e.start))
         raise DataError(path, line, f"not valid UTF-8 (byte 0x{raw[e.start]:02x}); save the file as UTF-8") from None
+
+
+def _unmark(path: Path, head: bytes) -> bytes:
+    """The file's first bytes without a UTF-8 byte order mark (Excel and Notepad write one); UTF-16 refused."""
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise DataError(path, 1, "is UTF-16; save it as UTF-8")
+    return head.removeprefix(codecs.BOM_UTF8)
+
+
+def _too_long(path: Path, line: int, what: str = "line") -> DataError:
+    over = "line longer than" if what == "line" else "a row over"
+    return DataError(path, line, f"{over} {MAX_LINE_BYTES:,} bytes ({MAX_LINE_BYTES / 2**20:g} MiB), the most a {what} "
+                                 "may hold")
+
+
+def read_text(path: Path) -> str:
+    """A file read whole (CLINC150 JSON): at most MAX_JSON_BYTES, UTF-8, a byte order mark dropped."""
+    with _open(path) as f:  # refused by its size before it is read (and should it grow, by what was read)
+        size = os.fstat(f.fileno()).st_size
+        raw = f.read(MAX_JSON_BYTES + 1) if size <= MAX_JSON_BYTES else b""
+    if max(size, len(raw)) > MAX_JSON_BYTES:
+        raise DataError(path, None, f"{max(size, len(raw)):,} bytes; a CLINC150 JSON file is read whole "
+                                    f"and may hold at most {MAX_JSON_BYTES:,} bytes ({MAX_JSON_BYTES / 2**20:g} MiB); "
+                                    "give larger data as JSONL or CSV, which are read line by line")
+    return _decode(path, _unmark(path, raw), 1)
+
+
+def read_head(path: Path) -> tuple[str, bool]:
+    """The text of a file's first MiB (enough for a first line, or to see that it is longer than a line) and
+    whether that is the whole file."""
+    with _open(path) as f:
+        head = f.read(MAX_LINE_BYTES + 1)
+    whole = len(head) <= MAX_LINE_BYTES  # judged on what was read: a byte order mark does not make a head whole
+    raw = _unmark(path, head)
+    return (_decode(path, raw, 1) if whole else raw.decode("utf-8", "ignore")), whole
+
+
+def _raw_lines(path: Path):
+    """(1-based line number, bytes with the line break) for each line, read in chunks: a line over MAX_LINE_BYTES
+    is refused as soon as that much of it has come in, so no more of a file than one line is ever held."""
+    with _open(path) as f:
+        buf, n, more = _unmark(path, f.read(max(_CHUNK, 3))), 0, True  # the first read holds a whole BOM
+        while more:
+            chunk = f.read(_CHUNK)
+            more = bool(chunk)
+            lines = (buf + chunk).splitlines(keepends=True)  # bytes split at \r\n, \r and \n only
+            buf = lines.pop() if more and lines and not lines[-1].endswith(b"\n") else b""  # \r: \r\n to come?
+            for raw in lines:
+                n += 1
+                if len(raw) > MAX_LINE_BYTES and len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
+                    raise _too_long(path, n)
+                yield n, raw
+            if len(buf) - buf.endswith(b"\r") > MAX_LINE_BYTES:
+                raise _too_long(path, n + 1)
+
+
+def _text_lines(path: Path):
+    """(1-based line number, text without its line break) for each line; an empty file is refused."""
+    n = 0
+    for n, raw in _raw_lines(path):
+        yield n, _decode(path, raw.rstrip(b"\r\n"), n)
+    if not n:
+        raise DataError(path, 1, "file is empty")
 
 
 def _lines(path: Path) -> list[str]:
     if not path.is_file():
         raise DataError(path, None, "missing split file")
-    lines = _LINE_BREAK.split(read_text(path))
-    if lines[-1] == "":  # the break that ends the last line
-        lines.pop()
-    if not lines:
-        raise DataError(path, 1, "file is empty")
-    return lines
+    return [text for _, text in _text_lines(path)]
+
+
+class _CsvLines:
+    """Decoded lines, line breaks kept, for csv.reader; a row (its quoted line breaks join lines) is held to
+    MAX_LINE_BYTES: the reader calls `row_done` after each row."""
+
+    def __init__(self, path: Path):
+        self.path, self.lines, self.size, self.start, self.blank = path, _raw_lines(path), 0, 1, True
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        n, raw = next(self.lines)
+        self.size += len(raw)
+        if self.size > MAX_LINE_BYTES and self.size - len(raw) + len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
+            raise _too_long(self.path, self.start, "row")  # the breaks inside a row count, not the last
+        if self.blank:
+            self.blank = not raw.strip()
+        return _decode(self.path, raw, n)
+
+    def row_done(self, line: int) -> None:
+        self.size, self.start = 0, line + 1
 
 
 def _clip(s: str, n: int = 40) -> str:
     return s if len(s) <= n else s[: n - 3] + "..."
-
-
-def split_files(folder: Path) -> dict[str, Path]:
-    """The split files of a folder ({"train": folder/"train.csv", "dev": folder/"validation.jsonl", ...})."""
-    found: dict[str, list[Path]] = {}
-    for f in sorted(folder.iterdir()):
-        split = SPLIT_ALIASES.get(f.stem.lower())
-        if split and f.suffix.lower() in SPLIT_SUFFIXES and f.is_file():
-            found.setdefault(split, []).append(f)
-    for split, fs in found.items():
-        if len(fs) > 1:
-            raise DataError(folder, None, f"{len(fs)} files for the {split} split ({', '.join(f.name for f in fs)}); "
-                                          "keep one")
-    return {s: fs[0] for s, fs in found.items()}
-
-
-def detect_format(path: Path) -> str:
-    """Guess the format of a file or folder; raise a DataError naming it when nothing fits."""
-    if path.is_dir():
-        if (path / "data_full.json").is_file():
-            return "clinc"
-        if any((path / s).is_dir() for s in SPLITS):
-            return "jointbert"
-        if split_files(path):
-            return "split-files"
-        raise DataError(path, None, "folder is neither a JointBERT layout (train/seq.in, ...), a folder of split files "
-                                    "(train.csv, test.csv or .jsonl), nor holds data_full.json")
-    if not path.is_file():
-        raise DataError(path, None, "no such file or folder")
-    suffix = path.suffix.lower()
-    if suffix in SPLIT_SUFFIXES:
-        return SPLIT_SUFFIXES[suffix]
-    head = read_text(path).lstrip()
-    if not head:
-        raise DataError(path, 1, "file is empty")
-    first = _LINE_BREAK.split(head, maxsplit=1)[0]
-    if head.startswith("{"):
-        try:
-            obj = json.loads(first)
-            return "jsonl" if isinstance(obj, dict) and "text" in obj else "clinc"
-        except (ValueError, RecursionError):
-            return "clinc"
-    if any(c in first.lower() for c in TEXT_COLUMNS) and any(c in first.lower() for c in LABEL_COLUMNS):
-        return "csv"
-    raise DataError(path, 1, "unknown format: expected a JointBERT folder, CLINC150 JSON, CSV with a header "
-                             "(text,label) or JSONL ({\"text\", \"intent\"})")
 
 
 def _read_jointbert_split(folder: Path) -> list[Example]:
@@ -219,8 +261,9 @@ def _spans_to_bio(path: Path, line: int, text: str, spans, snapped: list) -> tup
         checked.append((s, e, name))
     words = split_words(text)
     tags = ["O"] * len(words)
+    starts, ends = [ws for _, ws, _ in words], [we for _, _, we in words]
     for s, e, name in sorted(checked):
-        hit = [i for i, (_, ws, we) in enumerate(words) if ws < e and s < we]
+        hit = range(bisect_right(ends, s), bisect_left(starts, e))  # the words it overlaps: log time, not a scan
         if not hit:
             raise DataError(path, line, f"slot {_clip(name)!r} span [{s}, {e}) covers no word")
         start, end = words[hit[0]][1], words[hit[-1]][2]
@@ -258,7 +301,7 @@ def read_jsonl(path: Path, notes: list[str] | None = None, split: str | None = N
     out: dict[str, list[Example]] = {}
     any_slots = False
     snapped: list = []
-    for i, line in enumerate(_lines(path), 1):
+    for i, line in _text_lines(path):
         if not line.strip():
             continue
         row = _json(path, line, i)
@@ -293,26 +336,27 @@ def read_jsonl(path: Path, notes: list[str] | None = None, split: str | None = N
 
 def read_csv(path: Path, notes: list[str] | None = None, split: str | None = None) -> dict[str, list[Example]]:
     """CSV (TSV for .tsv) with a header naming a text and a label column, optionally `split`; intent-only."""
-    text = read_text(path)
-    if not text.strip():
-        raise DataError(path, 1, "file is empty")
     dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
-    # newline="": quoted fields keep their line breaks and reader.line_num counts the file's lines
-    reader = csv.reader(io.StringIO(text, newline=""), dialect=dialect)
+    # lines keep their line breaks (quoted fields hold them) and reader.line_num counts the file's lines
+    source = _CsvLines(path)
+    reader = csv.reader(source, dialect=dialect)
     out: dict[str, list[Example]] = {}
     try:
-        header = next((r for r in reader if any(c.strip() for c in r)), None)
-        if header is None:
-            raise DataError(path, 1, "file holds no header")
-        _read_csv_rows(path, reader, [h.strip().lower() for h in header], out, split)
+        for header in reader:
+            source.row_done(reader.line_num)
+            if any(c.strip() for c in header):
+                break
+        else:
+            raise DataError(path, 1, "file is empty" if source.blank else "file holds no header")
+        _read_csv_rows(path, reader, source, [h.strip().lower() for h in header], out, split)
     except csv.Error as e:  # NUL bytes, an unterminated quote, a field over csv.field_size_limit
         raise DataError(path, reader.line_num, f"bad CSV ({e})") from None
     return out
 
 
-def _read_csv_rows(path: Path, reader, header: list[str], out: dict, split: str | None) -> None:
+def _read_csv_rows(path: Path, reader, source: _CsvLines, header: list[str], out: dict, split: str | None) -> None:
     line = reader.line_num
-    dups = sorted({h for h in header if h and header.count(h) > 1})
+    dups = sorted(h for h, n in Counter(header).items() if h and n > 1)
     if dups:
         raise DataError(path, line, f"duplicate column {', '.join(dups)} in the header; name each column once")
     for kind, names in (("text", TEXT_COLUMNS), ("label", LABEL_COLUMNS)):
@@ -328,6 +372,7 @@ def _read_csv_rows(path: Path, reader, header: list[str], out: dict, split: str 
     first = line + 1
     for row in reader:
         line = reader.line_num
+        source.row_done(line)
         if not any(c.strip() for c in row):
             continue
         if len(row) != len(header):
@@ -338,18 +383,3 @@ def _read_csv_rows(path: Path, reader, header: list[str], out: dict, split: str 
         _assign(out, row[scol] if scol is not None else None, path, line, Example(words, label), split)
     if not out:
         raise DataError(path, first, "file holds no examples")
-
-
-def read_split_files(path: Path, notes: list[str] | None = None) -> dict[str, list[Example]]:
-    """A folder of one file per split: train, dev (or validation, val), test; each .csv/.tsv or .jsonl/.ndjson."""
-    if not path.is_dir():
-        raise DataError(path, None, "the split-files format reads a folder (train.csv, test.csv, ...), not a file")
-    files = split_files(path)
-    if "train" not in files:
-        found = ", ".join(f.name for f in files.values()) or "no split files"
-        raise DataError(path, None, f"no train file (train.csv or train.jsonl); found {found}")
-    return {s: READERS[SPLIT_SUFFIXES[f.suffix.lower()]](f, notes, split=s)[s] for s, f in files.items()}
-
-
-READERS = {"jointbert": read_jointbert, "clinc": read_clinc, "csv": read_csv, "jsonl": read_jsonl,
-           "split-files": read_split_files}

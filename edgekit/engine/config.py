@@ -24,6 +24,7 @@ from edgekit.engine.registry import ORDER, STAGES, AllBut
 from edgekit.engine.targets import Target, load_target, merge_tables
 from edgekit.errors import EdgekitError
 from edgekit.modeling.training import TrainConfig
+from edgekit.runtime.cascade import DEFAULT_TIMEOUT_S
 from edgekit.serve.settings import ServeSettings
 
 
@@ -140,7 +141,7 @@ class CascadeSettings:
     the device answer (copied into the manifest). max_gap_pts: `edgekit compare` picks the threshold with the
     fewest escalations whose dev accuracy is within this many points of the server alone."""
 
-    timeout_s: float = 0.3
+    timeout_s: float = DEFAULT_TIMEOUT_S
     max_gap_pts: float = 0.1
 
     def __post_init__(self):

@@ -52,12 +52,31 @@ def key_of(ctx: Context, name: str, input_key: str) -> str:
     return stage_key(name, {"settings": ctx.settings.read_by(name), "facts": facts}, input_key)
 
 
+def build_outputs() -> frozenset[str]:
+    """The names a build writes at the top of OUT: the package's files and the report with its plots."""
+    from edgekit.engine.stages.package import OWNED
+    from edgekit.reporting.plots import PLOTS
+    from edgekit.runtime.package import MANIFEST, REPORTS
+
+    return frozenset({MANIFEST, *REPORTS, *OWNED, *PLOTS.values()})
+
+
 def data_files(path: str, out: str) -> list[Path]:
-    """The files the data key digests: a folder's files, less OUT's when it sits inside (each build would change
-    them, and the next would miss the cache)."""
+    """The files the data key digests: every file of the data (a file, or a folder's files), whatever OUT is. Left
+    out are only what a build writes, so that a rebuild still hits the cache: all of OUT when it sits inside the data
+    folder; when OUT is the data folder itself, the build's own files at its top (build_outputs). When OUT contains
+    the data folder, nothing of the data is OUT's own."""
     p, out_dir = Path(path), Path(out).resolve()
-    return [p] if p.is_file() else sorted(x for x in p.rglob("*")
-                                          if x.is_file() and not x.resolve().is_relative_to(out_dir))
+    if p.is_file():
+        return [p]
+    root = p.resolve()
+    files = sorted(x for x in p.rglob("*") if x.is_file())
+    if out_dir == root:
+        own = build_outputs()
+        return [x for x in files if not (x.parent.resolve() == root and x.name in own)]
+    if out_dir.is_relative_to(root):  # OUT inside the data folder: none of it is data
+        return [x for x in files if not x.resolve().is_relative_to(out_dir)]
+    return files
 
 
 def input_digest(data: str, out: str, base: Path) -> str:

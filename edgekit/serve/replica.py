@@ -18,8 +18,7 @@ from pathlib import Path
 from ray import serve
 from starlette.responses import JSONResponse, PlainTextResponse
 
-from edgekit.runtime import Predictor
-from edgekit.runtime.package import MANIFEST
+from edgekit.runtime import Package, Predictor
 from edgekit.serve.app import BadRequest, Pool, check_item, in_calls
 from edgekit.serve.metrics import Metrics
 from edgekit.serve.settings import ServeSettings
@@ -35,14 +34,14 @@ class Replica:
 
     def __init__(self, files: dict[str, bytes], settings: ServeSettings):
         s = self.settings = settings
-        manifest = json.loads(files[MANIFEST])
-        self.intents = json.loads(files[manifest["labels"]])["intents"]
-        self.decoding = bool(manifest.get("decoding"))  # the graph takes an intent mask (allow_intents)
-        runtime = "onnx" if "onnx" in manifest["models"] else manifest["primary_runtime"]
         root = Path(tempfile.mkdtemp(prefix="edgekit-pkg-"))
         for name, data in files.items():
             (root / name).write_bytes(data)
-        self.pred = Predictor.open(root, runtime, threads=s.threads, providers=s.providers, spin=s.spin)
+        pkg = Package.load(root)  # every file's sha256, and the runtime's one reading of its JSON files
+        self.intents = pkg.labels["intents"]
+        self.decoding = bool(pkg.manifest.get("decoding"))  # the graph takes an intent mask (allow_intents)
+        runtime = "onnx" if "onnx" in pkg.manifest["models"] else pkg.manifest["primary_runtime"]
+        self.pred = Predictor.open(pkg, runtime, threads=s.threads, providers=s.providers, spin=s.spin)
         self.id, self.metrics = uuid.uuid4().hex[:8], Metrics(self.pred.provider)
         self.pool = Pool(s.max_batch, self._run)
         # predict_many batched, per instance (serve.batch of a bound method: a queue of this replica's own, and the

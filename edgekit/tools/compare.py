@@ -162,8 +162,14 @@ def expected_latency(device_ms: float, escalation: float, server_ms: float, rtt_
 
 
 def _report(package: Path) -> dict:
-    f = Path(package) / "report.json"
-    return json.loads(f.read_text()) if f.is_file() else {}
+    """The package's report.json ({} without a readable one: the comparison then lacks the build's figures)."""
+    from edgekit.runtime.jsonfile import REPORT_BYTES, read_json
+
+    try:
+        rep = read_json(Path(package) / "report.json", REPORT_BYTES, "report")
+    except (OSError, ValueError):
+        return {}
+    return rep if isinstance(rep, dict) else {}
 
 
 def device_side(package: Path, data, cfg: CompareConfig, log=print) -> dict:

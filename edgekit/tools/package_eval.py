@@ -44,7 +44,7 @@ def evaluate_package(package: str | Path, data: str | Path, runtime: str = "exec
     try:
         mask = pred.intent_mask(allow_intents)
     except ValueError as e:
-        raise EdgekitError(f"--allow-intents: {e}") from None
+        raise EdgekitError(f"--allow-intents: {str(e).removeprefix('allow_intents: ')}") from None
     t0 = time.perf_counter()
     answers = [pred.predict(ex.text, warn=False, allow_intents=allow_intents, reject=reject) for ex in examples]
     out = {"package": str(package), "runtime": runtime, "split": split, "seconds": round(time.perf_counter() - t0, 2),

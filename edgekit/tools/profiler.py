@@ -122,11 +122,17 @@ def add_to_report(package: Path, res: dict) -> bool:
     """The top 10 into the package's report.json, and report.md rendered again from it; False without a report."""
     from edgekit.io import write_json, write_text
     from edgekit.reporting.markdown import render_markdown
+    from edgekit.runtime.jsonfile import REPORT_BYTES, read_json
 
     path = Path(package) / "report.json"
     if not path.is_file():
         return False
-    rep = json.loads(path.read_text())
+    try:
+        rep = read_json(path, REPORT_BYTES, "report")
+    except ValueError as e:  # not a report of ours: leave it as it is
+        raise EdgekitError(f"{path}: cannot add the profile to it ({e})") from None
+    if not isinstance(rep, dict):
+        raise EdgekitError(f"{path}: not a build report (a JSON object)")
     rep["profile"] = {k: v for k, v in res.items() if k != "rows"} | {"rows": res["rows"][:10]}
     write_json(path, rep)
     write_text(Path(package) / "report.md", render_markdown(rep))

@@ -3,21 +3,29 @@
 
 Inputs are random bytes, and valid files of each format (mostly valid: the shapes users export) spoiled now and
 then: a UTF-8 byte order mark, CRLF or CR line endings, latin-1 bytes inside UTF-8, a garbage line, an odd
-value. Each test writes into its own temporary folder (no function-scoped fixture: hypothesis reuses one across
-examples) and keeps no example database.
+value. And the readers' structure: lines read in chunks of any size against a lowered line limit, CSV headers
+of any width, JSON nested to any depth. Each test writes into its own temporary folder (no function-scoped
+fixture: hypothesis reuses one across examples) and keeps no example database.
 """
 
 import json
+import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edgekit.data import formats
 from edgekit.data.dataset import Dataset, check_trainable, load_dataset
-from edgekit.errors import EdgekitError
+from edgekit.errors import DataError, EdgekitError
 
-FUZZ = settings(max_examples=200, deadline=None, database=None, derandomize=True,  # the same inputs in every run
+# Run in a child process by tests/data/test_readers_fuzzed.py, where a crash is a failed test, not the end of pytest.
+pytestmark = pytest.mark.skipif(os.environ.get("EDGEKIT_FUZZ_CHILD") != "1",
+                                reason="run in a child process (tests/data/test_readers_fuzzed.py)")
+FUZZ = settings(max_examples=300, deadline=None, database=None, derandomize=True,  # the same inputs in every run
                suppress_health_check=[HealthCheck.too_slow])
 BOM = b"\xef\xbb\xbf"
 
@@ -140,7 +148,7 @@ def test_jsonl(rows, data):
 TAG = mostly(st.sampled_from(["O", "B-artist", "I-artist", "B-time"]), st.sampled_from(["B-", "b-x", "X", "I-"]))
 
 
-@settings(FUZZ, max_examples=120)  # three files per split: the slowest to draw; 120 keeps the file under 20 s
+@settings(FUZZ, max_examples=300)  # three files per split: the slowest to draw
 @given(st.lists(st.sampled_from(["dev", "test"]), max_size=2, unique=True), st.booleans(), st.data())
 def test_jointbert(splits, slots, data):
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,3 +178,78 @@ CLINC = st.fixed_dictionaries({"train": CLINC_ROWS}, optional={k: CLINC_ROWS for
 def test_clinc_json(obj, data):
     with tempfile.TemporaryDirectory() as tmp:
         check(write(tmp, "data_full.json", data.draw(spoiled([json.dumps(obj)]))).parent)
+
+
+@contextmanager
+def limits(line: int, chunk: int):
+    """formats' line limit and read size set small, so that a drawn file crosses them (put back after)."""
+    saved = formats.MAX_LINE_BYTES, formats._CHUNK
+    formats.MAX_LINE_BYTES, formats._CHUNK = line, chunk
+    try:
+        yield
+    finally:
+        formats.MAX_LINE_BYTES, formats._CHUNK = saved
+
+
+def too_long(data: bytes, limit: int) -> int | None:
+    """The 1-based number of the first line over `limit` bytes (line break left out), as an editor counts lines."""
+    lines = formats._BREAK.split(data.removeprefix(BOM))
+    return next((i for i, ln in enumerate(lines, 1) if len(ln) > limit), None)
+
+
+PIECE = st.sampled_from([b"a", b"bc", b"\xc3\xa9", b"\r", b"\n", b"\r\n", b" "])
+
+
+@FUZZ
+@given(st.lists(PIECE, max_size=60).map(b"".join), st.booleans(), st.integers(1, 12), st.integers(1, 9))
+def test_lines_stream_in_as_the_whole_file_splits_them(data, bom, limit, chunk):
+    """Read in chunks of 1 to 9 bytes (a \\r\\n cut in two), a file gives the lines its whole
+    text splits into, breaks kept, or is refused at its first line over the limit, and only then."""
+    with tempfile.TemporaryDirectory() as tmp, limits(limit, chunk):
+        path = write(tmp, "d.txt", BOM + data if bom else data)
+        try:
+            got = [(n, raw) for n, raw in formats._raw_lines(path)]
+        except DataError as e:
+            assert e.line == too_long(data, limit) and "the most a line may hold" in str(e), (e, data)
+            return
+    assert too_long(data, limit) is None
+    assert b"".join(raw for _, raw in got) == data and [n for n, _ in got] == list(range(1, len(got) + 1))
+    assert all(len(formats._BREAK.findall(raw)) == 1 for _, raw in got[:-1])  # one break each, at its end
+
+
+@FUZZ
+@given(st.integers(0, 40), st.booleans(), st.integers(8, 200), st.integers(1, 64), st.data())
+def test_csv_of_any_width_and_line_length(extra, dup, limit, chunk, data):
+    """Headers of 2 to 43 columns (now and then one named twice), rows of any width, cells long and short, lines
+    around the limit: a Dataset or one EdgekitError, and a file with a line over the limit never read."""
+    header = ["text", "label"] + [f"c{i}" for i in range(extra)]
+    header = data.draw(st.permutations(header))
+    if dup:
+        header.append(data.draw(st.sampled_from(header)))
+    cell = st.sampled_from(["", "x", "play queen", "music", "a" * 30, '"q, r"', "b" * 90])
+    rows = [",".join(data.draw(st.lists(cell, min_size=len(header) - 1, max_size=len(header) + 1)))
+            for _ in range(data.draw(st.integers(0, 5)))]
+    raw = "\n".join([",".join(header), *rows]).encode()
+    with tempfile.TemporaryDirectory() as tmp, limits(limit, chunk):
+        path = write(tmp, "d.csv", raw)
+        if check(path) and too_long(raw, limit):
+            raise AssertionError(f"a line over {limit} bytes was read")
+
+
+def nested(depth: int, kind: str) -> str:
+    return ("[" * depth + "1" + "]" * depth) if kind == "list" else ('{"a": ' * depth + "1" + "}" * depth)
+
+
+@FUZZ
+@given(st.integers(0, 3000), st.sampled_from(["list", "dict"]), st.sampled_from(["text", "slots", "row"]),
+       st.integers(200, 8000))
+def test_json_nested_to_any_depth(depth, kind, where, limit):
+    """Nesting past Python's recursion limit, in a JSONL value, a JSONL row and a CLINC150 row: one EdgekitError
+    (or a Dataset where the nesting is harmless), with lines held to a limit that cuts some of them."""
+    deep = nested(depth, kind)
+    row = deep if where == "row" else '{"text": %s, "intent": "a"}' % (deep if where == "text" else '"play it"')
+    if where == "slots":
+        row = '{"text": "play it", "intent": "a", "slots": %s}' % deep
+    with tempfile.TemporaryDirectory() as tmp, limits(limit, 4096):
+        check(write(tmp, "d.jsonl", ('{"text": "stop", "intent": "b"}\n' + row + "\n").encode()))
+        check(write(tmp, "data_full.json", ('{"train": [["stop", "b"], %s]}' % deep).encode()).parent)

@@ -357,3 +357,42 @@ def test_data_key_leaves_out_an_out_folder_inside_the_data_folder(tmp_path):
     (data / "build" / "report.json").write_text("{}")  # what a build with --out data/build wrote
     assert _data_files(str(data), str(data / "build")) == [data / "train" / "seq.in"]
     assert len(_data_files(str(data), str(tmp_path / "elsewhere"))) == 2  # can fail: OUT elsewhere keeps them all
+
+
+def _relabel_first(path):
+    """The first utterance of a JSONL file given another of the file's intents."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    other = next(r["intent"] for r in rows if r["intent"] != rows[0]["intent"])
+    rows[0]["intent"] = other
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_data_key_covers_the_data_wherever_out_is(tmp_path, tiny_bert):
+    """OUT equal to the data folder, or containing it: a label changed in the data changes the key (both failed
+    before: the data files were left out of the key with OUT's)."""
+    from edgekit.engine.runner import prepare
+
+    for case in ("same", "contains"):
+        out = tmp_path / case
+        data = out if case == "same" else out / "data"
+        data.mkdir(parents=True)
+        (data / "train.jsonl").write_text(DEMO.read_text())
+        cfg = BuildConfig(data=str(data), out=str(out), base_model=str(tiny_bert))
+        before = prepare(cfg).input_digest
+        (out / "report.json").write_text("{}")  # what a build writes into OUT leaves the key as it was
+        assert prepare(cfg).input_digest == before, case
+        _relabel_first(data / "train.jsonl")
+        assert prepare(cfg).input_digest != before, case
+
+
+def test_a_build_into_its_own_data_folder_retrains_on_changed_data_and_reuses_on_the_same(tmp_path, tiny_bert):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text(DEMO.read_text())
+    cfg = BuildConfig(data=str(data), out=str(data), base_model=str(tiny_bert), stages=BASIC, target=ONNX_ONLY,
+                      settings={"teacher": {"epochs": 1, "steps_limit": 3},
+                                "package": {"buckets": [], "bench_utterances": 0}, **NO_ARGMAX})
+    build(cfg)
+    assert [s["reused"] for s in build(cfg)["stages"]] == [True, True, True]  # its own package is not data
+    _relabel_first(data / "train.jsonl")
+    assert not build(cfg)["stages"][0]["reused"]  # the teacher learns the changed data

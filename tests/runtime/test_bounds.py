@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -28,14 +29,20 @@ RUNTIMES = ("executorch", "onnx")
 CALL_BOUND_S = 2.0  # a generous bound on one call (they take milliseconds): it catches work that grows with input
 
 
-@pytest.fixture(scope="module")
-def pkg(tmp_path_factory, tiny_bert):
-    out = tmp_path_factory.mktemp("bounded")
-    build(BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), stages=["teacher", "trim_vocab", "export", "package"],
+def build_small(out: Path, tiny_bert: Path) -> Path:
+    """A small package of the tiny BERT in `out`: a SentencePiece vocabulary, one length, both runtimes. The same
+    config in every module that uses it (test_contract.py too), so a session's stage cache builds it once."""
+    build(BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert),
+                      stages=["teacher", "trim_vocab", "export", "package"],
                       settings={"teacher": {"epochs": 2, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2},
                                 "package": {"buckets": [], "bench_utterances": 0},  # one length; no latency
                                 "decoding": {"compare_argmax": False}}))
     return out
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory, tiny_bert):
+    return build_small(tmp_path_factory.mktemp("bounded"), tiny_bert)
 
 
 @pytest.fixture(scope="module")

@@ -14,25 +14,72 @@ from edgekit.runtime.package import SCHEMA_FILE, SCHEMA_PATH, Package, PackageEr
 FILES = ["model.onnx", "tokenizer.model", "labels.json", SCHEMA_FILE]
 
 
+def proto(*fields: tuple[int, int | bytes | str]) -> bytes:
+    """A protobuf message from (field number, value) pairs: an int is a varint, bytes or str a length-delimited
+    field (a nested message, a string)."""
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+            n >>= 7
+            if not n:
+                return bytes(out)
+
+    out = b""
+    for number, value in fields:
+        if isinstance(value, int):
+            out += varint(number << 3) + varint(value)
+        else:
+            data = value.encode() if isinstance(value, str) else value
+            out += varint(number << 3 | 2) + varint(len(data)) + data
+    return out
+
+
+def onnx_graph(inputs: list[dict]) -> bytes:
+    """An ONNX ModelProto whose graph declares `inputs` (the manifest's {"name", "dtype", "shape"}) and nothing
+    else: what Package.load reads of a model."""
+    def value_info(i: dict) -> bytes:
+        dims = [proto((2, d) if isinstance(d, str) else (1, d)) for d in i["shape"]]
+        tensor = proto((1, {"int64": 7, "bool": 9}[i["dtype"]]), (2, proto(*[(1, d) for d in dims])))
+        return proto((1, i["name"]), (2, proto((1, tensor))))
+
+    return proto((1, 8), (7, proto((2, "g"), *[(11, value_info(i)) for i in inputs])))
+
+
+def spm_model(n: int) -> bytes:
+    """A SentencePiece ModelProto of n pieces (the four special ones first)."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    m = pb.ModelProto()
+    for name in ["<pad>", "<unk>", "[CLS]", "[SEP]"] + [chr(97 + k) for k in range(n - 4)]:
+        m.pieces.add(piece=name, score=0.0)
+    return m.SerializeToString()
+
+
+INPUTS = [{"name": "input_ids", "dtype": "int64", "shape": [1, 16]},
+          {"name": "attention_mask", "dtype": "int64", "shape": [1, 16]},
+          {"name": "word_pos", "dtype": "int64", "shape": [1, 14]},
+          {"name": "intent_mask", "dtype": "bool", "shape": [2]},
+          {"name": "reject", "dtype": "bool", "shape": [1]}]
+MODEL = onnx_graph(INPUTS)  # the hand-made package's model.onnx
+
+
 def write_package(root, **over):
-    """A package folder whose files are small byte strings, with a full schema-2 manifest listing them (`over`
-    edits it)."""
+    """A package folder whose model and tokenizer are the least Package.load reads (the graph's inputs, 8 pieces),
+    with a full schema-2 manifest listing them (`over` edits it)."""
     root.mkdir(parents=True, exist_ok=True)
-    files = {"model.onnx": bytes(range(40)), "tokenizer.model": b"spm-model-bytes", "labels.json":
-             json.dumps({"intents": ["a", "b"], "slot_tags": ["O"]}).encode(), SCHEMA_FILE: SCHEMA_PATH.read_bytes()}
+    T, inputs = 16, json.loads(json.dumps(INPUTS))
+    files = {"model.onnx": MODEL, "tokenizer.model": spm_model(8), "labels.json":
+             json.dumps({"intents": ["a", "b"], "slot_tags": ["O"], "oos_label": None}).encode(),
+             SCHEMA_FILE: SCHEMA_PATH.read_bytes()}
     for name, data in files.items():
         (root / name).write_bytes(data)
-    T = 16
     m = {"schema_version": 2, "schema": SCHEMA_FILE, "created_by": "edgekit test", "task": "intent",
          "profile": "android", "max_len": T,
          "tokenizer": {"type": "sentencepiece", "file": "tokenizer.model", "normalizer": "edgekit_bert_basic",
-                       "lowercase": True, "vocab_size": 300, "special_ids": {"pad": 0, "unk": 1, "cls": 2, "sep": 3}},
+                       "lowercase": True, "vocab_size": 8, "special_ids": {"pad": 0, "unk": 1, "cls": 2, "sep": 3}},
          "labels": "labels.json", "label_sets": {"intents": 2, "slot_tags": 1},
-         "inputs": [{"name": "input_ids", "dtype": "int64", "shape": [1, T]},
-                    {"name": "attention_mask", "dtype": "int64", "shape": [1, T]},
-                    {"name": "word_pos", "dtype": "int64", "shape": [1, T - 2]},
-                    {"name": "intent_mask", "dtype": "bool", "shape": [2]},
-                    {"name": "reject", "dtype": "bool", "shape": [1]}],
+         "inputs": inputs,
          "outputs": ["intent", "confidence", "tags"],
          "decoding": {"policy": "threshold", "score": "confidence", "threshold": 0.5, "temperature": 1.0, "oos_id": 2,
                       "allowed_intents": None, "oos_answer": "oos"},
@@ -97,7 +144,8 @@ def test_a_good_package_loads_and_its_digest_is_the_manifests_sha256(tmp_path):
                                                 {"max_len": 16, "method": "forward"}]}),
      "buckets: names a runtime that has no model"),
     (lambda m: m["files"].update({"manifest.json": m["files"]["labels.json"]}), "files: 'manifest.json' should not"),
-    (lambda m: m["files"]["model.onnx"].update(bytes=39), "40 bytes, the manifest says 39"),
+    (lambda m: m["files"]["model.onnx"].update(bytes=len(MODEL) - 1),
+     f"{len(MODEL)} bytes, the manifest says {len(MODEL) - 1}"),
 ])
 def test_manifest_defects_are_one_clear_error(tmp_path, edit, words):
     root = write_package(tmp_path / "p")

@@ -1,10 +1,12 @@
 """examples/web against the Python runtime: the Node CLI, and the page in real headless Chromium served by
 `edgekit web`, both on a package built for the web profile from a slice of SNIPS."""
 
+import hashlib
 import http.client
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -166,3 +168,131 @@ def test_onnx_weight_only_is_in_the_export_key_and_not_in_the_quantize_key():
     # ONNX Runtime's calibration settings are read by export alone too
     _, pct = resolve(BuildConfig(data="x", out="y", target="android", sets=["quantize.method=percentile"]))
     assert pct.read_by("quantize") == android.read_by("quantize") and pct.read_by("export") != android.read_by("export")
+
+
+def _table():
+    from edgekit.serve import web
+
+    body = b"<!doctype html><p>the page</p>"
+    return web, {"/": ("text/html; charset=utf-8", body, hashlib.sha256(body).hexdigest())}, body
+
+
+def _get(port: int, method: str = "GET", headers: dict | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request(method, "/", headers=headers or {})
+    res = conn.getresponse()
+    return res, res.read()
+
+
+def _closed_by(socks, until: float) -> list[float]:
+    """When each socket was closed by the server (EOF or reset), waiting at most until `until` (monotonic)."""
+    closed = []
+    for s in socks:
+        s.settimeout(max(0.01, until - time.monotonic()))
+        try:
+            assert s.recv(1024) == b""  # the server answers nothing: it closes
+        except ConnectionResetError:
+            pass
+        except socket.timeout:
+            break
+        closed.append(time.monotonic())
+    return closed
+
+
+def test_web_closes_200_connections_that_never_finish_their_headers_and_answers_meanwhile():
+    """Was: 200 connections sending part of a request held 200 threads for good (over 35 s, no timeout). With the
+    shipped 10 s a request must arrive in, each is closed at 10 s, and a normal request is answered meanwhile."""
+    web, table, body = _table()
+    assert web.REQUEST_TIMEOUT == 10 and web.MAX_CONNECTIONS > 200
+    server = web.serve(table)
+    port = server.server_address[1]
+    socks = []
+    try:
+        t0 = time.monotonic()
+        for _ in range(200):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Partial: ")  # no blank line: the headers go on
+            socks.append(s)
+        res, got = _get(port)
+        assert res.status == 200 and got == body and time.monotonic() - t0 < 5
+        closed = _closed_by(socks, t0 + 14)
+        assert len(closed) == 200, f"{len(closed)} of 200 closed in 14 s"
+        assert 9 < closed[0] - t0 and max(closed) - t0 < 14, (closed[0] - t0, max(closed) - t0)
+        res, got = _get(port)
+        assert res.status == 200 and got == body
+    finally:
+        for s in socks:
+            s.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_web_closes_a_request_that_trickles_in_byte_by_byte():
+    """The timeout is for the whole request, not for each read: a byte every 0.2 s does not keep it open."""
+    web, table, _ = _table()
+    server = web.serve(table, timeout=1)
+    s = socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            for byte in b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X" * 100:
+                s.send(bytes([byte]))
+                time.sleep(0.2)
+        assert 0.9 < time.monotonic() - t0 < 3
+    finally:
+        s.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_web_answers_503_at_once_beyond_its_connection_cap():
+    web, table, body = _table()
+    server = web.serve(table, timeout=1, max_connections=4)
+    port = server.server_address[1]
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(4)]
+    try:
+        for s in socks:
+            s.sendall(b"GET / HTTP/1.1\r\n")
+        time.sleep(0.2)  # the 4 are accepted and waiting
+        t0 = time.monotonic()
+        extra = socket.create_connection(("127.0.0.1", port), timeout=5)
+        answer = b"".join(iter(lambda: extra.recv(1024), b""))
+        extra.close()
+        assert answer.startswith(b"HTTP/1.0 503 ") and b"Retry-After: 1" in answer and time.monotonic() - t0 < 1
+        assert len(_closed_by(socks, t0 + 3)) == 4  # the timeout frees the slots
+        res, got = _get(port)
+        assert res.status == 200 and got == body
+    finally:
+        for s in socks:
+            s.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_web_answers_head_as_get_without_the_body():
+    """Was 501. HEAD: GET's status and headers (Content-Length the body's), no body; 304 and 404 alike."""
+    web, table, body = _table()
+    server = web.serve(table, timeout=2)
+    port = server.server_address[1]
+
+    def raw(request: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(request)
+            return b"".join(iter(lambda: s.recv(65536), b""))  # HTTP/1.0: the server closes after its answer
+
+    try:
+        get, _ = _get(port)
+        head = raw(f"HEAD / HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        status, _, rest = head.partition(b"\r\n")
+        headers, _, after = rest.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.0 200 ") and after == b"", head
+        fields = dict(line.split(": ", 1) for line in headers.decode().split("\r\n"))
+        assert fields["Content-Length"] == str(len(body)) == get.getheader("Content-Length")
+        assert fields["ETag"] == get.getheader("ETag") and fields["Content-Type"] == get.getheader("Content-Type")
+        res, got = _get(port, "HEAD", {"If-None-Match": get.getheader("ETag")})
+        assert res.status == 304 and got == b""
+        missing = raw(f"HEAD /nope HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        assert missing.startswith(b"HTTP/1.0 404 ") and missing.endswith(b"\r\n\r\n"), missing
+    finally:
+        server.shutdown()
+        server.server_close()

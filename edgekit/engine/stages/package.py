@@ -16,6 +16,7 @@ from edgekit.io import write_bytes, write_json
 from edgekit.modeling.model import count_params
 from edgekit.record import PassRecord
 from edgekit.runtime.decode import OOS
+from edgekit.runtime.jsonfile import MANIFEST_BYTES, read_json
 from edgekit.runtime.package import MANIFEST, MODEL_FILES, SCHEMA_FILE, SCHEMA_PATH, SCHEMA_VERSION, Package, sha256
 from edgekit.scoring.score import score
 from edgekit.text.normalizer import NAME as NORMALIZER
@@ -156,16 +157,15 @@ def attach(ctx: Context, res: PackageResult) -> None:
     OUT/ may hold the user's own files (notes, a checkpoints/ folder): only files edgekit writes are touched. A
     file the old manifest listed and the new one does not is removed only when its name is one a package uses
     and its bytes are still the ones that manifest recorded: anything the user made or changed stays."""
-    import json
 
     ctx.out.mkdir(parents=True, exist_ok=True)
     old = ctx.out / MANIFEST
     stale = {}
     if old.is_file():
         try:
-            listed = json.loads(old.read_text()).get("files", {})
+            listed = read_json(old, MANIFEST_BYTES, "manifest").get("files", {})
             stale = {f: m.get("sha256") for f, m in listed.items() if f in OWNED and f not in res.package["files"]}
-        except (ValueError, AttributeError):  # not a manifest of ours: remove nothing on its word
+        except (ValueError, AttributeError, OSError):  # not a manifest of ours: remove nothing on its word
             stale = {}
         old.unlink()
     for name in sorted(res.package["files"], key=lambda f: f == MANIFEST):
