@@ -31,7 +31,7 @@ from pathlib import Path
 from edgekit.errors import EdgekitError
 from edgekit.runtime.package import MANIFEST
 
-SITE = Path(__file__).resolve().parent.parent / "examples" / "web"
+SITE = Path(__file__).resolve().parents[2] / "examples" / "web"  # edgekit/serve/web.py -> the checkout
 PAGE_FILES = ("index.html", "sw.js")
 REQUEST_TIMEOUT = 10.0  # seconds for a request's line and headers, and for taking its answer
 MAX_CONNECTIONS = 256  # handled at once; beyond: 503 and closed

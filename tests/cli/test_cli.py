@@ -126,7 +126,7 @@ def test_predict_json_on_built_package(tmp_path, tiny_bert):
     # the cascade's flags name themselves
     assert_one_line_error(run("predict", str(out), "hi", "--escalate-below", "0.5"), "--escalate-below", "--fallback")
     assert_one_line_error(run("predict", str(out), "hi", "--fallback", "http://127.0.0.1:9", "--escalate-below",
-                              "1.5"), "--escalate-below: the cascade threshold is a confidence in [0, 1], got 1.5")
+                              "1.5"), "--escalate-below: expected a number in [0, 1], got 1.5")
 
 
 def test_unknown_build_intent_is_one_line(tmp_path):

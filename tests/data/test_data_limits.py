@@ -3,7 +3,6 @@
 a limit is refused in one line naming the file, the line and the limit (docs/data-formats.md, "Limits")."""
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -68,14 +67,19 @@ def _big_jsonl(path, size: int) -> None:
         f.write(tail)
 
 
-def _peak(args: list[str]) -> tuple[int, str, int]:
-    """Run a Python child: (exit code, stderr, its own peak resident memory in bytes, from wait4)."""
-    with open(os.devnull, "wb") as null:
-        child = subprocess.Popen([sys.executable, *args], stdout=null, stderr=subprocess.PIPE)
-        err = child.stderr.read().decode()
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
-    return child.returncode, err, usage.ru_maxrss * 1024  # Linux: kB
+# The child writes its own peak (VmHWM of its process image) to the file named first: wait4's ru_maxrss counts the
+# forking pytest worker's memory too (Linux carries it across exec), over a GB late in a test run.
+HWM = ("import atexit, runpy, sys\nout = sys.argv.pop(1)\n"
+       "def hwm():\n    kb = next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM:'))\n"
+       "    open(out, 'w').write(str(kb))\natexit.register(hwm)\n")
+
+
+def _peak(args: list[str], hwm) -> tuple[int, str, int]:
+    """Run a Python child (`-c CODE ARGS` or `-m MODULE ARGS`): (exit code, stderr, its peak resident bytes)."""
+    flag, what, *rest = args
+    code = HWM + (what if flag == "-c" else f"sys.argv[0] = {what!r}\nrunpy.run_module({what!r}, run_name='__main__')\n")
+    r = subprocess.run([sys.executable, "-c", code, str(hwm), *rest], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return r.returncode, r.stderr.decode(), int(hwm.read_text()) * 1024
 
 
 def test_200_mb_single_line_jsonl_is_refused_in_under_1_gb(tmp_path):
@@ -84,11 +88,12 @@ def test_200_mb_single_line_jsonl_is_refused_in_under_1_gb(tmp_path):
     _big_jsonl(f, 200 * MIB)
     code = ("import sys\nfrom edgekit.data.dataset import load_dataset\nfrom edgekit.errors import DataError\n"
             "try:\n    load_dataset(sys.argv[1])\nexcept DataError as e:\n    sys.exit(f'refused: {e}')\n")
-    rc, err, peak = _peak(["-c", code, str(f)])
+    rc, err, peak = _peak(["-c", code, str(f)], tmp_path / "hwm1")
     assert rc == 1 and "big.jsonl:1: line longer than 1,048,576 bytes (1 MiB)" in err, err
     assert peak < 1 << 30, peak
     print(f"reader: peak {peak / MIB:.0f} MiB")
-    rc, err, peak = _peak(["-m", "edgekit.cli", "build", "--data", str(f), "--out", str(tmp_path / "o")])
+    rc, err, peak = _peak(["-m", "edgekit.cli", "build", "--data", str(f), "--out", str(tmp_path / "o")],
+                          tmp_path / "hwm2")
     assert_one_line_error(subprocess.CompletedProcess([], rc, "", err), "big.jsonl:1: line longer than")
     assert peak < 1 << 30, peak
     print(f"edgekit build: peak {peak / MIB:.0f} MiB")
