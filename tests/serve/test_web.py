@@ -199,6 +199,14 @@ def _closed_by(socks, until: float) -> list[float]:
     return closed
 
 
+def _stop(server, socks=()):
+    """Close the test's client sockets, then stop the server and free its port."""
+    for s in socks:
+        s.close()
+    server.shutdown()
+    server.server_close()
+
+
 def test_web_closes_200_connections_that_never_finish_their_headers_and_answers_meanwhile():
     """Was: 200 connections sending part of a request held 200 threads for good (over 35 s, no timeout). With the
     shipped 10 s a request must arrive in, each is closed at 10 s, and a normal request is answered meanwhile."""
@@ -221,10 +229,7 @@ def test_web_closes_200_connections_that_never_finish_their_headers_and_answers_
         res, got = _get(port)
         assert res.status == 200 and got == body
     finally:
-        for s in socks:
-            s.close()
-        server.shutdown()
-        server.server_close()
+        _stop(server, socks)
 
 
 def test_web_closes_a_request_that_trickles_in_byte_by_byte():
@@ -240,9 +245,7 @@ def test_web_closes_a_request_that_trickles_in_byte_by_byte():
                 time.sleep(0.2)
         assert 0.9 < time.monotonic() - t0 < 3
     finally:
-        s.close()
-        server.shutdown()
-        server.server_close()
+        _stop(server, [s])
 
 
 def test_web_answers_503_at_once_beyond_its_connection_cap():
@@ -263,10 +266,7 @@ def test_web_answers_503_at_once_beyond_its_connection_cap():
         res, got = _get(port)
         assert res.status == 200 and got == body
     finally:
-        for s in socks:
-            s.close()
-        server.shutdown()
-        server.server_close()
+        _stop(server, socks)
 
 
 def test_web_answers_head_as_get_without_the_body():
@@ -294,5 +294,4 @@ def test_web_answers_head_as_get_without_the_body():
         missing = raw(f"HEAD /nope HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
         assert missing.startswith(b"HTTP/1.0 404 ") and missing.endswith(b"\r\n\r\n"), missing
     finally:
-        server.shutdown()
-        server.server_close()
+        _stop(server)
