@@ -99,15 +99,17 @@ def stage_cache(tmp_path_factory):
         os.environ["EDGEKIT_CACHE"] = old
 
 
-# Test files by their cost in CI (seconds at one thread; measured with `--durations` on 2026-12-02), longest
-# first. With `--dist loadfile --no-loadscope-reorder` (Makefile) the two workers take files in this order, so the
-# long ones start first and neither worker idles at the end while the other runs a long file.
-COST_S = {"test_integration.py": 250, "engine/test_pipeline.py": 240, "converters/test_quantize.py": 175,
-          "serve/test_serve.py": 160, "cli/test_cli.py": 155, "engine/test_compress.py": 90, "test_golden.py": 75,
-          "test_repro.py": 65, "serve/test_web.py": 65, "runtime/test_bounds.py": 45, "converters/test_decoding.py": 41,
-          "converters/test_export.py": 38, "tools/test_doctor.py": 37, "converters/test_optimize_onnx.py": 36,
-          "runtime/test_buckets.py": 26, "runtime/test_contract.py": 60, "runtime/test_package_json.py": 60,
-          "cli/test_cli_fuzz.py": 60, "data/test_data_limits.py": 30}
+# Test files by their cost in CI (seconds at one thread; measured with `--durations=0` on 2026-12-05, a 2-core AMD
+# EPYC; serve/test_web.py's browser tests, skipped there without Chromium, estimated), longest first. With
+# `--dist loadfile --no-loadscope-reorder` (Makefile) the two workers take files in this order, so the long ones
+# start first and neither worker idles at the end while the other runs a long file.
+COST_S = {"test_integration.py": 305, "engine/test_pipeline.py": 295, "converters/test_quantize.py": 280,
+          "serve/test_serve.py": 230, "serve/test_faults.py": 125, "cli/test_cli_fuzz.py": 120,
+          "cli/test_cli.py": 105, "serve/test_web.py": 100, "engine/test_compress.py": 95, "test_golden.py": 90,
+          "converters/test_optimize_onnx.py": 85, "test_repro.py": 80, "converters/test_decoding.py": 70,
+          "runtime/test_contract.py": 65, "converters/test_export.py": 65, "tools/test_doctor.py": 60,
+          "runtime/test_package_json.py": 50, "runtime/test_buckets.py": 45, "data/test_readers_fuzzed.py": 35,
+          "runtime/test_bounds.py": 30, "runtime/test_package.py": 30, "text/test_normalizer.py": 20}
 
 
 def pytest_collection_modifyitems(items):

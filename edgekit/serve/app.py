@@ -171,6 +171,7 @@ def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port:
     os.environ.setdefault("RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S", "1")
     if not address:  # before Ray starts: its controller reads the proxy choice from the environment it inherits
         os.environ.update(proxy_environment(settings.proxy))
+        _begin_run()
     import ray
     from ray import serve
 
@@ -220,23 +221,90 @@ def stop(address: str | None = None) -> None:
     import ray
     from ray import serve
 
+    from edgekit.serve import watchdog
+
     if not ray.is_initialized():  # start failed before Ray was up: serve.shutdown would start a Ray of its own
+        _end_run()
         return
     node = ray.get_runtime_context().get_node_id()
+    run = None if address else os.environ.get(watchdog.MARKER)
+    known = watchdog.tree(run, os.getpid()) if run else set()  # before any of it ends and init adopts the rest
     try:
         # the notice may reach the driver's listener thread after serve.shutdown returns: filter until Ray is down
         with _without_controller_exit_notice():
             try:
                 if address:
                     serve.delete("edgekit")
-                else:
-                    serve.shutdown()
+                elif not _within(serve.shutdown, GRACEFUL_S) and run:
+                    # a signal to the whole process group reached Ray's raylet and GCS too (not its actors, each in a
+                    # group of its own), and Serve's controller waits 30 s for a raylet that is draining
+                    log.info("Serve did not stop within %s s: stopping what is left of Ray", GRACEFUL_S)
+                    _end_run(known, grace_s=0)  # now: Ray's own shutdown below waits on a GCS that is gone
             finally:
                 ray.shutdown()
     finally:
+        _end_run(known)
         state = os.environ.get("RAY_SERVE_HAPROXY_SERVER_STATE_BASE")
         if not address and state:  # Serve leaves its per-node folder (config, state) behind
             shutil.rmtree(Path(state) / node, ignore_errors=True)
+
+
+GRACEFUL_S = 5.0  # Serve's own shutdown, at most; in-flight requests get 5 s (graceful_shutdown_timeout_s)
+
+
+def _within(fn, timeout_s: float) -> bool:
+    """fn() in a thread of its own; whether it returned within timeout_s (its errors propagate)."""
+    import threading
+
+    done, failed = threading.Event(), []
+
+    def call():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 (given to the caller's thread)
+            failed.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=call, daemon=True, name="serve-shutdown").start()
+    if done.wait(timeout_s) and failed:
+        raise failed[0]
+    return done.is_set()
+
+
+_WATCHDOG: list = []  # the running watchdog of this process's local Ray (edgekit.serve.watchdog), if any
+
+
+def _begin_run() -> None:
+    """Mark every process the local Ray starts (an environment variable they inherit) and start the watchdog that
+    stops them if this process ends without stop()."""
+    import os
+    import uuid
+
+    from edgekit.serve import watchdog
+
+    os.environ[watchdog.MARKER] = uuid.uuid4().hex
+    proc = watchdog.watch(os.environ[watchdog.MARKER])
+    if proc is not None:
+        _WATCHDOG.append(proc)
+
+
+def _end_run(known: set = frozenset(), grace_s: float = 3.0) -> None:
+    """After Ray's shutdown: stop whatever of the run outlived it (a replica in its graceful shutdown, an HAProxy
+    being reloaded; `known`: the processes under this one when the stop began), then let the watchdog go."""
+    import os
+
+    from edgekit.serve import watchdog
+
+    run = os.environ.pop(watchdog.MARKER, None)
+    if run:
+        left = watchdog.reap(run, known, grace_s)
+        if left:
+            log.info("stopped %d process(es) Ray left behind", len(left))
+    while _WATCHDOG:
+        proc = _WATCHDOG.pop()
+        proc.stdin.close()  # its lifeline: it reaps (nothing is left) and exits
+        proc.wait(30)
 
 
 @contextmanager

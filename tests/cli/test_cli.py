@@ -8,8 +8,44 @@ import pytest
 from tests.conftest import DEMO
 
 
-def run(*args):
+def run_process(*args):
+    """`python -m edgekit.cli ARGS` in a process of its own, as a shell runs it."""
     return subprocess.run([sys.executable, "-m", "edgekit.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def run(*args):
+    """`edgekit ARGS` through the CLI's own entry point (edgekit.cli.main) in this process: the exit code, stdout,
+    and stderr with the CLI's log lines, as a shell sees them. A process each cost ~4 s of imports (torch, the
+    runtimes) and made this file the suite's third longest; `run_process` keeps the end-to-end calls."""
+    import contextlib
+    import logging
+    import tempfile
+
+    from edgekit.cli import main
+
+    # files, not StringIO: code that redirects the native stderr (a runtime's C++ chatter) needs a file descriptor
+    out, err = tempfile.TemporaryFile("w+", encoding="utf-8"), tempfile.TemporaryFile("w+", encoding="utf-8")
+    handler = logging.StreamHandler(err)  # the CLI logs to the stderr of its start (logging.basicConfig)
+    handler.setFormatter(logging.Formatter("edgekit: %(message)s"))
+    log = logging.getLogger("edgekit")
+    log.addHandler(handler)
+    argv, sys.argv = sys.argv, ["edgekit", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main()
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = argv
+        log.removeHandler(handler)
+    said = []
+    for f in (out, err):
+        f.seek(0)
+        said.append(f.read())
+        f.close()
+    return subprocess.CompletedProcess(["edgekit", *args], code, *said)
 
 
 def assert_one_line_error(res, *needles):
@@ -28,7 +64,7 @@ def test_unknown_target(tmp_path):
 def test_version():
     from edgekit import __version__
 
-    res = run("--version")
+    res = run_process("--version")
     assert res.returncode == 0 and res.stdout.strip() == f"edgekit {__version__}"
 
 
@@ -72,7 +108,7 @@ def test_predict_json_on_built_package(tmp_path, tiny_bert):
     import json
 
     out = tmp_path / "pkg"
-    res = run("build", "--data", str(DEMO), "--out", str(out), "--base-model", str(tiny_bert), "--set",
+    res = run_process("build", "--data", str(DEMO), "--out", str(out), "--base-model", str(tiny_bert), "--set",
               "teacher.epochs=1", "--set", "teacher.steps_limit=3", "--set", "package.buckets=[]", "--set",
               "package.bench_utterances=0", "--set", "decoding.compare_argmax=false",
               "--stages", "teacher,export,package")
@@ -198,7 +234,7 @@ def test_over_budget_build_ships_the_best_try_with_exit_code_3(tmp_path, tiny_be
                        'stages = ["teacher", "trim_vocab", "export", "package"]\n'
                        "[budget]\nintent_drop_pts = -5.0\n[compress]\nvocab_budget = 340\nmax_retries = 0\n")
     out = tmp_path / "o"
-    res = run("build", "--data", str(DEMO), "--out", str(out), "--base-model", str(tiny_bert), "--target",
+    res = run_process("build", "--data", str(DEMO), "--out", str(out), "--base-model", str(tiny_bert), "--target",
               str(profile), "--set", "teacher.epochs=1", "--set", "teacher.steps_limit=3", "--set",
               "package.bench_utterances=0", "--set", "decoding.compare_argmax=false")
     assert res.returncode == 3, res.stderr[-2000:]
