@@ -13,7 +13,7 @@
    and only the slots seen with the predicted intent in training. The output is one tag id per word.
 
 Inputs:  input_ids (1, T) int64, attention_mask (1, T) int64, word_pos (1, T - 2) int64 (the position of each
-         word's first piece, 0 past the last word), intent_mask (I,) bool, reject (1,) bool. Server graphs have
+         word's first piece, 0 past the last word), intent_mask (I,) int32, reject (1,) int32 (1 on, 0 off). Server graphs have
          a dynamic batch axis B in place of 1, and intent_mask (B, I): each utterance its own whitelist.
 Outputs: intent (1,) int64 (I = the reserved oos id unless the data has its own oos class), confidence (1,) float,
          and with slots tags (1, T) int64: word w's tag id at [0, w], "O" past the last word.
@@ -243,7 +243,8 @@ class DecodedModel(nn.Module):
     def forward(self, input_ids, attention_mask, word_pos, intent_mask, reject):
         out = self.model(input_ids, attention_mask)
         logits = out[0] if self.all_allowed else out[0] + self.intent_bias  # (B, I)
-        logits = torch.where(intent_mask, logits, self.neg)  # renormalised over the allowed intents
+        # int32 masks (schema 3: every phone binding creates int32, not every one creates bool): 0 = off
+        logits = torch.where(intent_mask != 0, logits, self.neg)  # renormalised over the allowed intents
         if self.temperature != 1.0:
             logits = logits / self.temperature
         probs = torch.softmax(logits, -1)  # (B, I)
@@ -255,7 +256,7 @@ class DecodedModel(nn.Module):
         score = conf
         if self.score == "energy":  # T * logsumexp(logits / T) = T * (top scaled logit - log confidence): no new op
             score = (logits.gather(-1, intent[:, None])[:, 0] - torch.log(conf)) * self.temperature
-        intent = torch.where(reject & (score < self.threshold), self.oos, intent)
+        intent = torch.where((reject != 0) & (score < self.threshold), self.oos, intent)
         if not self.has_slots:
             return intent, conf
         # Table row = intent: the Viterbi runs over the predicted intent's slots only (rows past the intents: O).

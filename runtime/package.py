@@ -14,7 +14,7 @@ from pathlib import Path
 from edgekit.runtime.jsonfile import LABELS_BYTES, MANIFEST_BYTES, JSONFileError, loads, read_bounded, read_json
 from edgekit.runtime.protofile import ONNX_DTYPES, onnx_inputs, piece_count
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # what edgekit writes; the runtime also reads 2 (bool masks), each against its own schema
 MANIFEST = "manifest.json"
 # The runtimes a package may carry, by the name manifests, profiles and --runtime use, and as people read them.
 RUNTIME_NAMES = {"executorch": "ExecuTorch", "onnx": "ONNX Runtime"}
@@ -22,6 +22,8 @@ RUNTIMES = tuple(RUNTIME_NAMES)
 MODEL_FILES = {"executorch": "model.pte", "onnx": "model.onnx"}  # each runtime's model file in a package
 SCHEMA_FILE = "manifest.schema.json"  # JSON Schema of the manifest: the runtime's copy, shipped in every package
 SCHEMA_PATH = Path(__file__).parent / SCHEMA_FILE
+SCHEMA_PATHS = {2: Path(__file__).parent / "manifest-2.schema.json", SCHEMA_VERSION: SCHEMA_PATH}
+MASK_DTYPES = {2: "bool", 3: "int32"}  # the element type of intent_mask and reject, by schema version
 LABELS_SCHEMA_PATH = Path(__file__).parent / "labels.schema.json"  # the runtime's own; packages do not ship it
 
 
@@ -129,10 +131,11 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
     if not isinstance(m, dict):
         raise PackageError(f"{where}: expected a JSON object, got {type(m).__name__}")
     version = m.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise PackageError(f"{where}: schema_version {_short(version)}, this runtime reads {SCHEMA_VERSION}"
+    if isinstance(version, bool) or version not in SCHEMA_PATHS:
+        raise PackageError(f"{where}: schema_version {_short(version)}, this runtime reads "
+                           f"{' and '.join(map(str, SCHEMA_PATHS))}"
                            + (" (rebuild the package with this edgekit)" if version == 1 else ""))
-    _schema_check(m, where)
+    _schema_check(m, where, SCHEMA_PATHS[version])
     files, models, tok = m["files"], m["models"], m["tokenizer"]
     refs = {f"models.{k}": v for k, v in models.items()} | {"labels": m["labels"], "tokenizer.file": tok["file"],
                                                            "schema": m["schema"]}
@@ -290,6 +293,11 @@ class Package:
     def buckets(self, runtime: str) -> list[dict] | None:
         """Length buckets of `runtime`'s model, shortest first: [{"max_len", "method"}] (None: one length)."""
         return self.manifest.get("buckets", {}).get(runtime)
+
+    @property
+    def mask_dtype(self) -> str:
+        """The element type of the graph's intent_mask and reject: "int32", or "bool" in a schema 2 package."""
+        return MASK_DTYPES[self.manifest["schema_version"]]
 
     @property
     def batched(self) -> bool:

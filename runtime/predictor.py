@@ -151,16 +151,18 @@ def load_tokenizer(pkg: Package) -> SentencePieceTokenizer:
 
 
 def model_inputs(enc: Encoding, n_intents: int, decoding: bool, intent_mask: np.ndarray | None = None,
-                 reject: bool = True, batched: bool = False) -> list[np.ndarray]:
+                 reject: bool = True, batched: bool = False, mask_dtype=np.int32) -> list[np.ndarray]:
     """The graph's inputs for one utterance, in the manifest's order. A batched graph (server profiles) takes
-    intent_mask per utterance, (B, I), where a phone's graph takes one (I,)."""
+    intent_mask per utterance, (B, I), where a phone's graph takes one (I,). mask_dtype: the masks' element type,
+    int32 (schema 3) or bool (a schema 2 package)."""
     ids = np.asarray([enc.input_ids], dtype=np.int64)  # (1, T)
     mask = np.asarray([enc.attention_mask], dtype=np.int64)  # (1, T)
     if not decoding:
         return [ids, mask]
-    allowed = np.ones(n_intents, dtype=bool) if intent_mask is None else np.asarray(intent_mask, dtype=bool)  # (I,)
+    allowed = (np.ones(n_intents, dtype=mask_dtype) if intent_mask is None
+               else np.asarray(intent_mask, dtype=bool).astype(mask_dtype))  # (I,): 1 allowed, 0 not
     return [ids, mask, word_positions(enc.word_index).reshape(1, -1), allowed[None] if batched else allowed,
-            np.asarray([reject], dtype=bool)]
+            np.asarray([reject], dtype=mask_dtype)]
 
 
 def stack(inputs: list[list[np.ndarray]]) -> list[np.ndarray]:
@@ -285,7 +287,8 @@ class Predictor:
         return enc
 
     def inputs(self, enc: Encoding, intent_mask: np.ndarray | None = None, reject: bool = True) -> list[np.ndarray]:
-        return model_inputs(enc, len(self.labels["intents"]), self.decoding, intent_mask, reject, self.batched)
+        return model_inputs(enc, len(self.labels["intents"]), self.decoding, intent_mask, reject, self.batched,
+                            self.pkg.mask_dtype)
 
     def run(self, enc: Encoding, intent_mask: np.ndarray | None = None, reject: bool = True) -> list[np.ndarray]:
         return self.backend.run(*self.inputs(enc, intent_mask, reject))

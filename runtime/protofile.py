@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ONNX_DTYPES = {"int64": 7, "bool": 9}  # TensorProto.DataType of the manifest's input dtypes
+ONNX_DTYPES = {"int64": 7, "int32": 6, "float32": 1, "bool": 9}  # TensorProto.DataType of the manifest's input dtypes
 _INT64 = 1 << 63
 
 

@@ -133,9 +133,9 @@ def predict_eager(model: JointModel, examples: list[Example], tokenizer, labels:
             ids = torch.tensor([e.input_ids for e in encs])  # (B, T) at the fixed length
             mask = torch.tensor([e.attention_mask for e in encs])
             pos = torch.from_numpy(np.stack([word_positions(e.word_index) for e in encs]))  # (B, T - 2)
-            allowed = torch.ones(len(labels["intents"]), dtype=torch.bool) if intent_mask is None else torch.tensor(
-                intent_mask, dtype=torch.bool)  # (I,)
-            outputs = [o.numpy() for o in model(ids, mask, pos, allowed, torch.tensor([reject]))]
+            allowed = torch.ones(len(labels["intents"]), dtype=torch.int32) if intent_mask is None else torch.tensor(
+                intent_mask, dtype=torch.bool).int()  # (I,): the graph's int32 mask
+            outputs = [o.numpy() for o in model(ids, mask, pos, allowed, torch.tensor([int(reject)], dtype=torch.int32))]
         else:
             ids, mask, _, _ = collate(feats, idx, tokenizer.pad_id)
             outputs = [o.numpy() for o in model(ids, mask)]

@@ -1,26 +1,31 @@
 /**
  * The page: every keystroke runs the package in this tab (onnxruntime-web, WASM) and shows the intent, its
  * confidence, the slots highlighted in the text and the latency. `edgekit web PKG` serves this folder with the
- * package under ./pkg/. Once loaded it needs no network (sw.js keeps every file it fetched).
+ * package under ./pkg/. Once loaded it needs no network (sw.js keeps every file it fetched). It reads schema 3
+ * packages only (client.mjs): a schema 2 package is refused, with the spec's line shown in the status bar.
  */
 import * as ort from "onnxruntime-web/wasm";
 import {SentencePieceProcessor} from "@sctg/sentencepiece-js";
-import {openPackage, predict, sessionOptions} from "./client.mjs";
+import {checkManifest, openPackage, parseJson, predict, sessionOptions, LABELS_BYTES, MANIFEST_BYTES}
+  from "./client.mjs";
 
 const $ = (id) => document.getElementById(id);
 const PKG = "pkg/";
 
-async function fetchOk(name, kind) {
+async function fetchOk(name) {
   const response = await fetch(PKG + name);
   if (!response.ok) throw new Error(`${PKG}${name}: HTTP ${response.status}`);
-  return kind === "json" ? response.json() : new Uint8Array(await response.arrayBuffer());
+  return new Uint8Array(await response.arrayBuffer());
 }
 
 async function load() {
   ort.env.wasm.wasmPaths = new URL("./", import.meta.url).href;  // the .wasm beside this bundle, never a CDN
   ort.env.wasm.numThreads = 1;  // one core, as an app's foreground call on the phone
-  const manifest = await fetchOk("manifest.json", "json");
-  const labels = await fetchOk(manifest.labels, "json");
+  // The JSON files read strictly from their bytes (spec R3: response.json() would drop a byte-order mark and keep
+  // the last of a repeated key), and the manifest checked (a schema 2 package refused, R2) before another fetch
+  const manifest = parseJson(await fetchOk("manifest.json"), "manifest.json", MANIFEST_BYTES);
+  checkManifest(manifest);
+  const labels = parseJson(await fetchOk(manifest.labels), manifest.labels, LABELS_BYTES);
   const tokenizerBytes = await fetchOk(manifest.tokenizer.file);
   const session = await ort.InferenceSession.create(await fetchOk(manifest.models.onnx),
     sessionOptions(manifest, {executionProviders: ["wasm"]}));

@@ -4,19 +4,29 @@
  * `node cli.mjs PKG --file texts.txt` prints one line per input line, and on stderr the p50 latency
  * of predict() (tokenize + run + decode) after a warm-up.
  * Options: --allow-intents A,B   --no-reject   --threads N (ONNX Runtime threads, default 1)
+ * It reads schema 3 packages only (client.mjs): a schema 2 package, or any package client.mjs refuses, exits 2
+ * with `error: ` and the refusal's one line (docs/package-format.md R2).
  */
-import {readFile} from "node:fs/promises";
+import {readFile, stat} from "node:fs/promises";
 import {join} from "node:path";
 import * as ort from "onnxruntime-node";
-import {checkManifest, openPackage, predict, sessionOptions, PackageError, InputError} from "./client.mjs";
+import {checkManifest, openPackage, parseJson, predict, sessionOptions, LABELS_BYTES, MANIFEST_BYTES, PackageError,
+  InputError} from "./client.mjs";
 
 const WARMUP = 20;
 
-/** Open the package folder `root` on onnxruntime-node. */
+/** A package's JSON file, refused from its size before it is read (spec R3), then read strictly (parseJson). */
+async function readJson(root, name, maxBytes) {
+  const {size} = await stat(join(root, name));
+  if (size > maxBytes) throw new PackageError(`${name}: ${size} bytes, more than the ${maxBytes} it may have`);
+  return parseJson(await readFile(join(root, name)), name, maxBytes);
+}
+
+/** Open the package folder `root` on onnxruntime-node (a schema 3 package: checkManifest refuses any other). */
 async function open(root, threads) {
-  const manifest = JSON.parse(await readFile(join(root, "manifest.json"), "utf8"));
+  const manifest = await readJson(root, "manifest.json", MANIFEST_BYTES);
   checkManifest(manifest);
-  const labels = JSON.parse(await readFile(join(root, manifest.labels), "utf8"));
+  const labels = await readJson(root, manifest.labels, LABELS_BYTES);
   const tokenizerBytes = await readFile(join(root, manifest.tokenizer.file));
   const session = await ort.InferenceSession.create(join(root, manifest.models.onnx),
     sessionOptions(manifest, {intraOpNumThreads: threads, interOpNumThreads: 1}));

@@ -1,20 +1,43 @@
 /**
- * A client for edgekit packages (schema version 2), written from docs/package-format.md alone.
+ * A client for edgekit packages (schema version 3), written from docs/package-format.md alone.
  *
- * Runs in Node and in a browser: nothing Node-only is imported here. The caller brings the
- * package's files and an ONNX Runtime (onnxruntime-node or onnxruntime-web, same API):
+ * Runs in Node and in a browser: nothing is imported at the top level (the tests run it with fakes, no npm
+ * install). The caller brings the package's files and an ONNX Runtime (onnxruntime-node or onnxruntime-web,
+ * same API):
  *
  *   import * as ort from "onnxruntime-web";
- *   const session = await ort.InferenceSession.create(modelBytes);
+ *   const manifest = parseJson(manifestBytes, "manifest.json", MANIFEST_BYTES);
+ *   checkManifest(manifest);  // before any other file is used
+ *   const session = await ort.InferenceSession.create(modelBytes, sessionOptions(manifest));
  *   const pkg = await openPackage({manifest, labels, tokenizerBytes, ort, session});
  *   const answer = await predict(pkg, "play queen on spotify");
+ *
+ * The spec's rules, where this file applies them: R2 (schema_version 3 only; a schema 2 package, with bool
+ * masks, is refused with the spec's line), R3 (parseJson; the integer fields it reads), R4 (labels.json), R5
+ * (tokenizer.model's pieces and normalizer), R6 and R7 (tokenize), R8 (int32 masks, int64 ids, the outputs'
+ * types), R9 (exact input shapes, phone or server), R10 (seq_axis: always padded to T, which either value
+ * allows), R12 (ids out of range), R13 (oos_id, oos_answer and oos_label agree), R14 (allow lists against
+ * decoding.allowed_intents). Not R1: there is no JSON Schema validator here, so a manifest is held to the checks
+ * below on the fields this client reads, not to the whole schema (an unknown field passes). Not R11: buckets are
+ * ExecuTorch's, and this client runs the ONNX model.
  *
  * In a browser, a bundler resolves the bare imports; @sctg/sentencepiece-js imports Node's `fs` at
  * its top level (used only by its `load(path)`), so the bundler must stub it (webpack: fallback fs: false).
  */
 
-export const SCHEMA_VERSION = 2;
+export const SCHEMA_VERSION = 3;
 export const NORMALIZER = "edgekit_bert_basic";
+export const MANIFEST_BYTES = 1 << 20;  // R3: the largest manifest.json, 1 MiB
+export const LABELS_BYTES = 4 << 20;  // R3: the largest labels.json, 4 MiB
+const MAX_DEPTH = 32;  // R3: arrays and objects inside one another
+
+/** The graph's inputs in order, with their element types (R8): the masks are int32, which every binding makes. */
+const INPUTS = [["input_ids", "int64"], ["attention_mask", "int64"], ["word_pos", "int64"],
+  ["intent_mask", "int32"], ["reject", "int32"]];
+/** The graph's outputs' element types (R8). */
+const OUTPUT_TYPES = {intent: "int64", confidence: "float32", tags: "int64"};
+/** The special pieces by their text, and the SentencePiece type each must have (R5: 2 UNKNOWN, 3 CONTROL). */
+const SPECIALS = {pad: ["<pad>", 3], unk: ["<unk>", 2], cls: ["[CLS]", 3], sep: ["[SEP]", 3]};
 
 /** The package cannot be used by this client (Python `PackageError`). */
 export class PackageError extends Error {}
@@ -28,33 +51,129 @@ export function isSeparator(cp) {
     cp === 0x202f || cp === 0x205f || cp === 0x3000;
 }
 
+const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+
+/**
+ * A package's JSON file from its bytes, as R3 says: at most `maxBytes`, UTF-8 without a byte-order mark, one
+ * strict JSON value (JSON.parse refuses NaN, comments and trailing commas), nested at most 32 deep, no key twice
+ * in one object (JSON.parse would keep the last one silently), and no number that rounds to infinity (JSON.parse
+ * reads `1e400` and a 400-digit integer as Infinity). `16.0` is read as 16: an integer field's value is what counts.
+ */
+export function parseJson(bytes, file, maxBytes) {
+  const fail = (why) => { throw new PackageError(`${file}: ${why}`); };
+  if (bytes.length > maxBytes) fail(`${bytes.length} bytes, more than the ${maxBytes} it may have`);
+  if (bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf) fail("starts with a byte-order mark");
+  let text, value;
+  try {
+    text = new TextDecoder("utf-8", {fatal: true}).decode(bytes);
+  } catch {
+    fail("not UTF-8");
+  }
+  try {
+    value = JSON.parse(text);  // V8's parser does not recurse, so depth is counted after it
+  } catch (err) {
+    fail(`invalid JSON (${err.message})`);
+  }
+  // Depth and repeated keys, by a scan of the (now known valid) text: no recursion, however deep it nests
+  const open = [];  // per open container: the keys seen (an object) or null (an array)
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === "{" || c === "[") {
+      open.push(c === "{" ? new Set() : null);
+      if (open.length > MAX_DEPTH) fail(`arrays and objects nested more than ${MAX_DEPTH} deep`);
+    } else if (c === "}" || c === "]") {
+      open.pop();
+    } else if (c === '"') {
+      let j = i + 1;
+      while (text[j] !== '"') j += text[j] === "\\" ? 2 : 1;
+      let k = j + 1;
+      while (" \t\n\r".includes(text[k])) k++;
+      if (text[k] === ":") {  // a key of the innermost object (a string followed by a colon is nothing else)
+        const key = JSON.parse(text.slice(i, j + 1)), keys = open.at(-1);
+        if (keys.has(key)) fail(`duplicate key ${JSON.stringify(key)} (each key may appear once in an object)`);
+        keys.add(key);
+      }
+      i = j;
+    }
+  }
+  const finite = (v) => {
+    if (typeof v === "number" && !Number.isFinite(v)) fail("a number out of the range of a double");
+    if (v !== null && typeof v === "object") Object.values(v).forEach(finite);  // at most 32 deep: checked above
+  };
+  finite(value);
+  return value;
+}
+
 /** Fields of a protobuf message as [field number, number | bytes] pairs (fixed-width values skipped). */
 function* protoFields(buf) {
+  const bad = (why) => new PackageError(`tokenizer.model: not a SentencePiece ModelProto (${why})`);
   let i = 0;
   const varint = () => {
     let v = 0, scale = 1, byte;
-    do { byte = buf[i++]; v += (byte & 0x7f) * scale; scale *= 128; } while (byte & 0x80);
+    do {
+      if (i >= buf.length) throw bad("truncated");
+      byte = buf[i++]; v += (byte & 0x7f) * scale; scale *= 128;
+    } while (byte & 0x80);
     return v;
   };
   while (i < buf.length) {
     const key = varint(), wire = key & 7, field = Math.floor(key / 8);
     if (wire === 0) yield [field, varint()];
-    else if (wire === 2) { const n = varint(); yield [field, buf.subarray(i, i + n)]; i += n; }
-    else if (wire === 1 || wire === 5) i += wire === 1 ? 8 : 4;
-    else throw new PackageError(`tokenizer.model: not a SentencePiece ModelProto (wire type ${wire})`);
+    else if (wire === 2) {
+      const n = varint();
+      if (i + n > buf.length) throw bad("truncated");
+      yield [field, buf.subarray(i, i + n)];
+      i += n;
+    } else if (wire === 1 || wire === 5) i += wire === 1 ? 8 : 4;
+    else throw bad(`wire type ${wire}`);
   }
+  if (i > buf.length) throw bad("truncated");
 }
 
-/** The piece strings and normalizer name of a SentencePiece `ModelProto`. */
+/**
+ * The pieces ({text, type}) and normalizer name of a SentencePiece `ModelProto`, read as R5 says: a piece's id is
+ * its position among field 1's entries, a piece without a text has "" (it still takes an id), a type absent is 1
+ * (NORMAL), and the last normalizer name wins (protobuf's merge of repeated `normalizer_spec` fields).
+ */
 function readModelProto(bytes) {
   const text = new TextDecoder();
   const pieces = [];
-  let normalizer = null;
+  let normalizer = "";
   for (const [field, value] of protoFields(bytes)) {
-    if (field === 1) for (const [f, v] of protoFields(value)) { if (f === 1) pieces.push(text.decode(v)); }
-    if (field === 3) for (const [f, v] of protoFields(value)) { if (f === 1) normalizer = text.decode(v); }
+    if (field === 1 && typeof value !== "number") {
+      const piece = {text: "", type: 1};
+      for (const [f, v] of protoFields(value)) {
+        if (f === 1 && typeof v !== "number") piece.text = text.decode(v);
+        if (f === 3 && typeof v === "number") piece.type = v;
+      }
+      pieces.push(piece);
+    }
+    if (field === 3 && typeof value !== "number") {
+      for (const [f, v] of protoFields(value)) if (f === 1 && typeof v !== "number") normalizer = text.decode(v);
+    }
   }
   return {pieces, normalizer};
+}
+
+/** R5: refuse a tokenizer.model whose piece count, normalizer or special pieces are not the manifest's. */
+function checkTokenizer(bytes, tok) {
+  const fail = (why) => { throw new PackageError(`tokenizer.model: ${why}`); };
+  const {pieces, normalizer} = readModelProto(bytes);
+  if (pieces.length !== tok.vocab_size) {
+    fail(`${pieces.length} pieces, the manifest's tokenizer.vocab_size says ${tok.vocab_size}`);
+  }
+  if (normalizer !== tok.normalizer) {
+    fail(`normalizer ${JSON.stringify(normalizer)} is not the manifest's ${JSON.stringify(tok.normalizer)}`);
+  }
+  for (const [key, [text, type]] of Object.entries(SPECIALS)) {  // found by text: SentencePiece's PieceToId agrees
+    const ids = pieces.flatMap((p, id) => (p.text === text ? [id] : []));
+    if (ids.length !== 1) fail(`${ids.length} pieces ${JSON.stringify(text)}, expected exactly one`);
+    const got = pieces[ids[0]].type;
+    if (got !== type) fail(`piece ${text} (id ${ids[0]}) has type ${got}, expected ${type}`);
+    if (ids[0] !== tok.special_ids[key]) {
+      fail(`piece ${text} is id ${ids[0]}, the manifest's tokenizer.special_ids.${key} says ${tok.special_ids[key]}`);
+    }
+  }
 }
 
 function toBase64(bytes) {
@@ -64,38 +183,114 @@ function toBase64(bytes) {
 }
 
 /**
- * Refuse a manifest this client cannot read (spec, Versioning), before any file is used: the schema
- * version, the normalizer, the inputs, and file names that are not plain names listed in `files`.
- * Answers T, I, S and the input shapes, a `"batch"` axis taken as 1.
+ * Refuse a manifest this client cannot read, before any other file is used (spec, Versioning): R2 first, then the
+ * fields this client reads: integers where the schema has integers (R3), the tokenizer, file names that are plain
+ * names listed in `files`, the inputs' names, element types (R8) and exact shapes (R9), the outputs, `seq_axis`
+ * (R10) and `decoding`. Answers T, I, S and the shapes the feeds take (a server's "batch" sent as B = 1).
  */
 export function checkManifest(manifest) {
-  if (manifest.schema_version !== SCHEMA_VERSION) {
-    throw new PackageError(`manifest.json: schema_version ${manifest.schema_version} is not ${SCHEMA_VERSION}`);
+  if (!isObject(manifest)) throw new PackageError("manifest.json: expected a JSON object");
+  const version = manifest.schema_version ?? null;  // R2: read before any other field
+  if (version === 2) {
+    throw new PackageError("manifest.json: schema_version 2 is not supported by this client (it reads 3); rebuild " +
+      "the package with an edgekit that writes schema_version 3");
   }
-  const tok = manifest.tokenizer;
-  if (tok.type !== "sentencepiece" || tok.normalizer !== NORMALIZER) {
-    throw new PackageError(`manifest.json: tokenizer ${tok.type}/${tok.normalizer} is not sentencepiece/${NORMALIZER}`);
+  if (version !== SCHEMA_VERSION) {
+    throw new PackageError(`manifest.json: schema_version ${JSON.stringify(version)}, this client reads 3`);
   }
-  if (!manifest.models.onnx) {
-    throw new PackageError(`manifest.json: no onnx model (the package has ${Object.keys(manifest.models)})`);
-  }
-  for (const name of [manifest.schema, manifest.labels, tok.file, ...Object.values(manifest.models)]) {
-    if (!/^(?!\.\.?$)[^/\\]+$/.test(name) || !(name in manifest.files)) {
-      throw new PackageError(`manifest.json: ${JSON.stringify(name)} is not a file name listed in files`);
+  const fail = (path, why) => { throw new PackageError(`manifest.json: ${path}: ${why}`); };
+  const at = (path) => path.split(".").reduce((v, key) => {  // a field the schema requires, or refused
+    if (v === null || typeof v !== "object" || !Object.hasOwn(v, key)) fail(path, "missing");
+    return v[key];
+  }, manifest);
+  const int = (path, min, max = Number.MAX_SAFE_INTEGER) => {  // R3: 16 and 16.0 are one value; 16.5, "16" are not
+    const v = at(path);
+    if (!Number.isSafeInteger(v) || v < min || v > max) {
+      fail(path, `${typeof v === "number" ? v : JSON.stringify(v)} is not an integer from ${min} to ${max}`);
+    }
+    return v;
+  };
+  const T = int("max_len", 8, 512), I = int("label_sets.intents", 2), S = int("label_sets.slot_tags", 0);
+
+  if (at("tokenizer.type") !== "sentencepiece") fail("tokenizer.type", "expected sentencepiece");
+  if (at("tokenizer.normalizer") !== NORMALIZER) fail("tokenizer.normalizer", `expected ${NORMALIZER}`);
+  int("tokenizer.vocab_size", 5);
+  for (const key of Object.keys(SPECIALS)) int(`tokenizer.special_ids.${key}`, 0);
+  const files = at("files"), models = at("models");
+  if (!isObject(models) || !models.onnx) fail("models", `no onnx model (the package has ${Object.keys(models ?? {})})`);
+  for (const name of [at("schema"), at("labels"), at("tokenizer.file"), ...Object.values(models)]) {
+    const plain = typeof name === "string" && /^(?!\.\.?$)[^/\\]+$/.test(name);
+    if (!plain || !isObject(files) || !Object.hasOwn(files, name)) {
+      fail("files", `${JSON.stringify(name)} is not a file name listed in files`);
     }
   }
-  const T = manifest.max_len, I = manifest.label_sets.intents, S = manifest.label_sets.slot_tags;
-  const expected = [["input_ids", "int64", T], ["attention_mask", "int64", T], ["word_pos", "int64", T - 2],
-    ["intent_mask", "bool", I], ["reject", "bool", 1]];
-  const shapes = manifest.inputs.map((input, k) => {
-    const [name, dtype, last] = expected[k];
-    const shape = input.shape.map((d) => (d === "batch" ? 1 : d));
-    if (input.name !== name || input.dtype !== dtype || shape.at(-1) !== last) {
-      throw new PackageError(`manifest.json: inputs[${k}] is not ${name} ${dtype} ending in ${last}`);
+
+  // R8 and R9: names and element types in order, and each shape exactly the phone's or the server's
+  const inputs = at("inputs");
+  if (!Array.isArray(inputs) || inputs.length !== INPUTS.length) fail("inputs", `expected ${INPUTS.length} inputs`);
+  const batched = Array.isArray(inputs[0]?.shape) && inputs[0].shape[0] === "batch";
+  const want = batched ? [["batch", T], ["batch", T], ["batch", T - 2], ["batch", I], ["batch"]]
+    : [[1, T], [1, T], [1, T - 2], [I], [1]];
+  inputs.forEach((input, k) => {
+    const [name, dtype] = INPUTS[k];
+    if (input?.name !== name || input.dtype !== dtype) fail(`inputs.${k}`, `expected ${name} ${dtype}`);
+    if (JSON.stringify(input.shape) !== JSON.stringify(want[k])) {
+      fail(`inputs.${k}`, `${name} has shape ${JSON.stringify(input.shape)}, expected ${JSON.stringify(want[k])}` +
+        ` (${batched ? "a server package: \"batch\" first on every input" : "a phone package"})`);
     }
-    return shape;
   });
-  return {T, I, S, shapes};
+  const outputs = ["intent", "confidence", ...(S > 0 ? ["tags"] : [])];
+  if (JSON.stringify(at("outputs")) !== JSON.stringify(outputs)) fail("outputs", `expected ${JSON.stringify(outputs)}`);
+  if (Object.hasOwn(manifest, "seq_axis")) {  // R10: this client pads to T, right under either value
+    if (!["fixed", "dynamic"].includes(manifest.seq_axis)) fail("seq_axis", 'expected "fixed" or "dynamic"');
+    if (manifest.seq_axis === "dynamic" && !batched) fail("seq_axis", "dynamic needs a batched graph ('batch' inputs)");
+  }
+
+  int("decoding.oos_id", 0, I);  // R12, R13: I is the reserved id of data without an out-of-scope class
+  const answer = at("decoding.oos_answer"), allowed = at("decoding.allowed_intents");
+  if (typeof answer !== "string" || answer === "") fail("decoding.oos_answer", "expected a name");
+  const names = Array.isArray(allowed) && allowed.length > 0 && allowed.every((n) => typeof n === "string");
+  if (allowed !== null && !names) {
+    fail("decoding.allowed_intents", "expected null or a non-empty list of intent names");
+  }
+  return {T, I, S, shapes: want.map((shape) => shape.map((d) => (d === "batch" ? 1 : d)))};
+}
+
+/**
+ * R4, R13 and R14 on labels.json: `intents` unique names, I of them; `slot_tags` present, `[]` or "O" then B-x/I-x
+ * tags, each once, S of them; `oos_label` and the manifest's `decoding.oos_id` and `oos_answer` agree;
+ * `decoding.allowed_intents` names intents. Answers G, the set of intents the graph can choose (R14).
+ */
+function checkLabels(labels, manifest, I, S) {
+  const fail = (why) => { throw new PackageError(`labels.json: ${why}`); };
+  if (!isObject(labels)) fail("expected a JSON object");
+  const other = Object.keys(labels).find((key) => !["intents", "slot_tags", "oos_label"].includes(key));
+  if (other !== undefined) fail(`unknown key ${JSON.stringify(other)}`);
+  const {intents, slot_tags: tags} = labels, oos = labels.oos_label ?? null;
+  if (!Array.isArray(intents) || !intents.every((n) => typeof n === "string" && n !== "") ||
+      new Set(intents).size !== intents.length) {
+    fail("intents: expected a list of unique non-empty names");
+  }
+  if (!Array.isArray(tags)) fail("slot_tags: missing (an intent-only package has [])");
+  const bio = (t) => typeof t === "string" && t.length > 2 && (t.startsWith("B-") || t.startsWith("I-"));
+  if (tags.length > 0 && !(tags[0] === "O" && tags.slice(1).every(bio) && new Set(tags).size === tags.length)) {
+    fail('slot_tags: expected "O" first, then tags B-x or I-x (x not empty), each once');
+  }
+  if (intents.length !== I) fail(`intents: ${intents.length} names, the manifest's label_sets.intents says ${I}`);
+  if (tags.length !== S) fail(`slot_tags: ${tags.length} names, the manifest's label_sets.slot_tags says ${S}`);
+  if (oos !== null && !intents.includes(oos)) fail(`oos_label: ${JSON.stringify(oos)} is not one of the intents`);
+
+  // R13: every rejection answers oos_answer, whichever id it came by: the three fields must say the same thing
+  const {oos_id: oosId, oos_answer: answer, allowed_intents: allowed} = manifest.decoding;
+  const agree = oos === null ? oosId === I && answer === "oos" : oosId < I && intents[oosId] === oos && answer === oos;
+  if (!agree) {
+    fail(`oos_label ${JSON.stringify(oos)}, decoding.oos_id ${oosId} and decoding.oos_answer ` +
+      `${JSON.stringify(answer)} disagree (no oos_label: oos_id ${I} and oos_answer "oos"; an oos_label: ` +
+      "intents[oos_id] = oos_label = oos_answer)");
+  }
+  const unknown = (allowed ?? []).find((name) => !intents.includes(name));
+  if (unknown !== undefined) fail(`intents has no ${JSON.stringify(unknown)}, which decoding.allowed_intents names`);
+  return new Set(allowed ?? intents);
 }
 
 /**
@@ -112,32 +307,29 @@ export function sessionOptions(manifest, base = {}) {
 }
 
 /**
- * Check a package and load its tokenizer. `manifest` and `labels` are the parsed JSON files,
- * `tokenizerBytes` the bytes of `tokenizer.model`, `session` an ONNX Runtime session on `model.onnx`
+ * Check a package and load its tokenizer. `manifest` and `labels` are the parsed JSON files (read them with
+ * `parseJson`), `tokenizerBytes` the bytes of `tokenizer.model`, `session` an ONNX Runtime session on `model.onnx`
  * and `ort` the module it came from (for `ort.Tensor`). `SentencePieceProcessor` defaults to
  * `@sctg/sentencepiece-js`'s.
  */
 export async function openPackage({manifest, labels, tokenizerBytes, ort, session, SentencePieceProcessor}) {
   const {T, I, S, shapes} = checkManifest(manifest);
-  const tok = manifest.tokenizer;
-  if (labels.intents.length !== I || (labels.slot_tags ?? []).length !== S) {
-    throw new PackageError("labels.json: lists are not as long as manifest.json label_sets says");
-  }
-  const bytes = new Uint8Array(tokenizerBytes);
-  const proto = readModelProto(bytes);
-  if (proto.normalizer !== tok.normalizer) {
-    throw new PackageError(`tokenizer.model: normalizer ${proto.normalizer} is not the manifest's ${tok.normalizer}`);
-  }
-  const specials = {pad: "<pad>", unk: "<unk>", cls: "[CLS]", sep: "[SEP]"};
-  for (const [key, piece] of Object.entries(specials)) {
-    if (proto.pieces[tok.special_ids[key]] !== piece) {
-      throw new PackageError(`tokenizer.model: id ${tok.special_ids[key]} is not ${piece} (special_ids.${key})`);
+  const choosable = checkLabels(labels, manifest, I, S);
+  const model = manifest.models.onnx;
+  const names = [manifest.inputs.map((input) => input.name), manifest.outputs];
+  // R8: the graph is the one the manifest describes (names in order; the types are checked on the outputs in predict)
+  for (const [k, graph] of [session.inputNames, session.outputNames].entries()) {
+    if (JSON.stringify(graph) !== JSON.stringify(names[k])) {
+      throw new PackageError(`${model}: the graph's ${k ? "outputs" : "inputs"} are ${JSON.stringify(graph)}, ` +
+        `the manifest says ${JSON.stringify(names[k])}`);
     }
   }
+  const bytes = new Uint8Array(tokenizerBytes);
+  checkTokenizer(bytes, manifest.tokenizer);
   SentencePieceProcessor ??= (await import("@sctg/sentencepiece-js")).SentencePieceProcessor;
   const sp = new SentencePieceProcessor();
   await sp.loadFromB64StringModel(toBase64(bytes));
-  return {manifest, labels, sp, ort, session, shapes, T, I, S};
+  return {manifest, labels, sp, ort, session, shapes, T, I, S, choosable};
 }
 
 /**
@@ -182,21 +374,53 @@ export function tokenize(pkg, text) {
 }
 
 /**
+ * The intent_mask for `allowIntents` (R14): null allows every intent; a list must be non-empty, name intents of
+ * labels.json, and name at least one intent in G (`decoding.allowed_intents`, the ones the graph can choose:
+ * with none of them, the graph would answer an intent the caller did not allow). Names outside G are sent as 1
+ * and change nothing. int32 (R8), 1 allowed and 0 not.
+ */
+function intentMask(pkg, allowIntents) {
+  const {labels, I, choosable} = pkg;
+  if (allowIntents === null) return new Int32Array(I).fill(1);
+  if (!Array.isArray(allowIntents)) throw new TypeError("allowIntents: expected null or a list of intent names");
+  if (allowIntents.length === 0) throw new RangeError("allowIntents: an empty list allows no intent");
+  const mask = new Int32Array(I);
+  for (const name of allowIntents) {
+    const k = labels.intents.indexOf(name);
+    if (k < 0) throw new RangeError(`allowIntents: unknown intent ${JSON.stringify(name)}`);
+    mask[k] = 1;
+  }
+  if (!allowIntents.some((name) => choosable.has(name))) {
+    throw new RangeError(`allowIntents: none of ${JSON.stringify(allowIntents)} can be answered by this package ` +
+      "(decoding.allowed_intents)");
+  }
+  return mask;
+}
+
+/**
+ * The name of intent id k (R12): intents[k] for 0 <= k < I (k = oos_id < I is the out-of-scope class, whose name
+ * is oos_answer by R13), oos_answer for k = I when that is the reserved oos_id; any other id is refused rather
+ * than answered as `undefined` or as the wrong intent.
+ */
+function intentName(pkg, k) {
+  const {labels, manifest, I} = pkg, {oos_id: oosId, oos_answer: answer} = manifest.decoding;
+  if (Number.isInteger(k) && k >= 0 && k < I) return labels.intents[k];
+  if (k === I && oosId === I) return answer;
+  throw new PackageError(`labels.json: intents has ${I} names (decoding.oos_id ${oosId}), the graph answered ` +
+    `intent id ${k}`);
+}
+
+/**
  * Answer one utterance (spec, Answer): `{intent, confidence, slots, tags, truncated}`, with `tags`
  * only for packages with slots and `truncated` only when something was cut. `allowIntents` is null
- * (every intent) or a non-empty list of the package's intents; `reject` turns out-of-scope rejection on.
+ * (every intent) or a non-empty list of the package's intents (R14); `reject` (true or false) turns
+ * out-of-scope rejection on.
  */
 export async function predict(pkg, text, {allowIntents = null, reject = true} = {}) {
-  const {manifest, labels, ort, session, shapes, T, I, S} = pkg;
-  const mask = new Uint8Array(I).fill(allowIntents === null ? 1 : 0);
-  if (allowIntents !== null) {
-    if (allowIntents.length === 0) throw new RangeError("allowIntents: an empty list allows no intent");
-    for (const name of allowIntents) {
-      const k = labels.intents.indexOf(name);
-      if (k < 0) throw new RangeError(`allowIntents: unknown intent ${JSON.stringify(name)}`);
-      mask[k] = 1;
-    }
-  }
+  const {manifest, labels, ort, session, shapes, T, S} = pkg;
+  if (typeof text !== "string") throw new InputError(`text: expected a string, got ${typeof text}`);
+  if (typeof reject !== "boolean") throw new TypeError(`reject: expected true or false, got ${JSON.stringify(reject)}`);
+  const mask = intentMask(pkg, allowIntents);  // an invalid list is an error even when nothing is said (R7)
   const {chars, words, ids, wordPos, cut, said} = tokenize(pkg, text);
   const int64 = (values, length) => {
     const a = new BigInt64Array(length);
@@ -208,25 +432,35 @@ export async function predict(pkg, text, {allowIntents = null, reject = true} = 
     int64(ids.map(() => 1), T),
     int64(wordPos, T - 2),
     mask,
-    Uint8Array.of(reject ? 1 : 0),
+    Int32Array.of(reject ? 1 : 0),
   ];
   const feeds = {};
-  manifest.inputs.forEach((input, k) => {
-    feeds[input.name] = new ort.Tensor(input.dtype, data[k], shapes[k]);
-  });
+  INPUTS.forEach(([name, dtype], k) => { feeds[name] = new ort.Tensor(dtype, data[k], shapes[k]); });
   // Nothing said (no word read, or zero-width and control characters only): no model call, the out-of-scope
-  // answer with confidence 0 (spec); "O" for each word and no slots below
+  // answer with confidence 0 (R7); "O" for each word and no slots below
   const out = said ? await session.run(feeds) : null;
+  for (const name of out ? manifest.outputs : []) {  // R8: an output of another type would be misread
+    if (out[name]?.type !== OUTPUT_TYPES[name]) {
+      const got = out[name]?.type;
+      throw new PackageError(`${manifest.models.onnx}: output ${name} is ${got}, expected ${OUTPUT_TYPES[name]}`);
+    }
+  }
 
-  const k = out ? Number(out.intent.data[0]) : I;
   const answer = {
-    intent: k < I ? labels.intents[k] : manifest.decoding.oos_answer,
+    intent: out ? intentName(pkg, Number(out.intent.data[0])) : manifest.decoding.oos_answer,
     confidence: out ? Number(out.confidence.data[0]) : 0,
     slots: [],
   };
   if (S > 0) {
-    const tagIds = out?.tags.data;
-    answer.tags = words.map((_, w) => (out && w < wordPos.length ? labels.slot_tags[Number(tagIds[w])] : "O"));
+    // R12: only the columns of words that reached the model are read, each a tag id of labels.json
+    const tag = (w) => {
+      const id = Number(out.tags.data[w]);
+      if (!(Number.isInteger(id) && id >= 0 && id < S)) {
+        throw new PackageError(`labels.json: slot_tags has ${S} names, the graph answered tag id ${id}`);
+      }
+      return labels.slot_tags[id];
+    };
+    answer.tags = words.map((_, w) => (out && w < wordPos.length ? tag(w) : "O"));
     answer.slots = groupSlots(answer.tags, words, chars);
   }
   if (cut) {

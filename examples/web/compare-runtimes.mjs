@@ -9,11 +9,13 @@ import {readFile} from "node:fs/promises";
 import {join} from "node:path";
 import * as ortNode from "onnxruntime-node";
 import * as ortWeb from "onnxruntime-web/wasm";
-import {openPackage, predict, sessionOptions} from "./client.mjs";
+import {checkManifest, openPackage, parseJson, predict, sessionOptions, LABELS_BYTES, MANIFEST_BYTES}
+  from "./client.mjs";
 
 const [root, file, model] = process.argv.slice(2);
-const manifest = JSON.parse(await readFile(join(root, "manifest.json"), "utf8"));
-const labels = JSON.parse(await readFile(join(root, manifest.labels), "utf8"));
+const manifest = parseJson(await readFile(join(root, "manifest.json")), "manifest.json", MANIFEST_BYTES);
+checkManifest(manifest);  // a schema 2 package is refused here, before the rest is read
+const labels = parseJson(await readFile(join(root, manifest.labels)), manifest.labels, LABELS_BYTES);
 const tokenizerBytes = await readFile(join(root, manifest.tokenizer.file));
 const bytes = await readFile(model ?? join(root, manifest.models.onnx));
 ortWeb.env.wasm.numThreads = 1;

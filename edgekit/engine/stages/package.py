@@ -46,8 +46,8 @@ def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
         "inputs": [{"name": "input_ids", "dtype": "int64", "shape": [B, L]},
                    {"name": "attention_mask", "dtype": "int64", "shape": [B, L]},
                    {"name": "word_pos", "dtype": "int64", "shape": [B, L - 2]},
-                   {"name": "intent_mask", "dtype": "bool", "shape": [B, n_int] if B != 1 else [n_int]},
-                   {"name": "reject", "dtype": "bool", "shape": [B]}],
+                   {"name": "intent_mask", "dtype": "int32", "shape": [B, n_int] if B != 1 else [n_int]},
+                   {"name": "reject", "dtype": "int32", "shape": [B]}],
         "outputs": ["intent", "confidence"] + (["tags"] if ctx.data.has_slots else []),
         # The graph decodes: intent id (the id after the last intent is the reserved oos answer unless the data
         # has its own oos class), its confidence over the allowed intents, and one BIO tag id per word.
