@@ -77,6 +77,19 @@ def set_threads(n: int) -> None:
     _ET_THREADS = n
 
 
+def load_program(path: str | Path):
+    """A `.pte`'s program, its methods not loaded (their metadata readable), the thread pool fixed first: XNNPACK's
+    pool cannot change once a program is loaded (set_threads)."""
+    global _ET_LOADED
+    et = executorch_native()
+    if _ET_THREADS is None:
+        set_threads(1)
+    _ET_LOADED = True
+    with _quiet_native_stderr():
+        return et._load_program(str(path), enable_etdump=False, debug_buffer_size=0,
+                                program_verification=et.Verification.InternalConsistency)
+
+
 def et_threads() -> int | None:
     return _ET_THREADS
 

@@ -146,14 +146,19 @@ def _dims(buf, tensor: list[tuple[int, int]]) -> list | None:
     return dims
 
 
-def onnx_inputs(path: str | Path) -> list[tuple[str | None, int | None, list | None]]:
+def onnx_inputs(path: str | Path, field: int = 11) -> list[tuple[str | None, int | None, list | None]]:
     """The graph inputs an ONNX model file declares, in order: (name, elem_type, dims) each (see `_dims`).
-    ValueError when the file is not an ONNX ModelProto."""
+    field 12: its outputs instead. ValueError when the file is not an ONNX ModelProto."""
     with open(path, "rb") as f:
         buf = _Blocks(f)
         graph = _parts(buf, [(0, len(buf))], 7)  # ModelProto.graph
         out = []
-        for info in _parts(buf, graph, 11):  # GraphProto.input: ValueInfoProto {name 1, type 2}
+        for info in _parts(buf, graph, field):  # GraphProto.input (11) / output (12): ValueInfoProto {name 1, type 2}
             tensor = _parts(buf, _parts(buf, [info], 2), 1)  # TypeProto.tensor_type
             out.append((_scalar(buf, [info], 1, text=True), _scalar(buf, tensor, 1), _dims(buf, tensor)))
         return out
+
+
+def onnx_outputs(path: str | Path) -> list[tuple[str | None, int | None, list | None]]:
+    """The graph outputs an ONNX model file declares, as `onnx_inputs` gives its inputs."""
+    return onnx_inputs(path, 12)

@@ -16,6 +16,7 @@ from edgekit.io import write_bytes, write_json
 from edgekit.modeling.model import count_params
 from edgekit.record import PassRecord
 from edgekit.runtime.decode import OOS
+from edgekit.runtime.interface import check_element_types
 from edgekit.runtime.jsonfile import MANIFEST_BYTES, read_json
 from edgekit.runtime.package import MANIFEST, MODEL_FILES, SCHEMA_FILE, SCHEMA_PATH, SCHEMA_VERSION, Package, sha256
 from edgekit.scoring.score import score
@@ -131,12 +132,14 @@ def run(ctx: Context) -> PackageResult:
     man = manifest(ctx, files, buckets)
     write_json(ctx.work / MANIFEST, man)
     pkg = Package.load(ctx.work)
+    # every input and output of every graph shipped has an element type all phone and web bindings create
+    interface = {r: check_element_types(ctx.work / MODEL_FILES[r]) for r in ctx.target.runtimes}
     sizes = {f: m["bytes"] for f, m in man["files"].items()}
     sizes[MANIFEST] = (ctx.work / MANIFEST).stat().st_size
     shared = sum(b for f, b in sizes.items() if f not in MODEL_FILES.values())
     per_runtime = {r: shared + sizes[MODEL_FILES[r]] for r in ctx.target.runtimes}
     info = {"size_bytes": per_runtime[ctx.target.primary_runtime], "runtime": ctx.target.primary_runtime,
-            "size_bytes_per_runtime": per_runtime, "files": sizes, "digest": pkg.digest}
+            "size_bytes_per_runtime": per_runtime, "files": sizes, "digest": pkg.digest, "element_types": interface}
     latency = measure(ctx, buckets)
     rec = PassRecord("package", params_after=count_params(ctx.fp32().model), bytes_after=info["size_bytes"])
     # the package as shipped, opened as an app opens it
