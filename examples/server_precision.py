@@ -15,7 +15,8 @@ from pathlib import Path
 from edgekit.converters.parity import batch_parity
 from edgekit.data.dataset import load_dataset
 from edgekit.runtime import Predictor
-from edgekit.runtime.predictor import alternating_latency, stack
+from edgekit.runtime.interface import stack
+from edgekit.runtime.predictor import alternating_latency
 from edgekit.scoring.score import score
 
 

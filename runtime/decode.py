@@ -52,15 +52,23 @@ def spans(words: list[tuple[str, int, int]], text: str, tags: list[str]) -> list
     return out
 
 
-def intent_name(k: int, labels: dict) -> str:
-    """Intent id -> name; the id after the last intent is the reserved out-of-scope answer (only a graph for data
-    without an out-of-scope class of its own answers it: otherwise the rejection id is that class)."""
-    return labels["intents"][k] if k < len(labels["intents"]) else OOS
+def intent_name(k: int, labels: dict, oos_id: int | None = None, oos_answer: str = OOS) -> str:
+    """Intent id -> name (docs/package-format.md R12): 0 <= k < I its name; k = I, the reserved id, `oos_answer`
+    when `oos_id` is I (None: I). Any other id is a PackageError, never another intent's name."""
+    n = len(labels["intents"])
+    if 0 <= k < n:
+        return labels["intents"][k]
+    if k == n == (n if oos_id is None else oos_id):
+        return oos_answer
+    raise PackageError(f"labels.json: intents has {n} names (decoding.oos_id {n if oos_id is None else oos_id}), "
+                       f"the graph answered intent id {k}")
 
 
-def decode(text: str, enc: Encoding, outputs: list[np.ndarray], labels: dict, decoded: bool = False) -> dict:
+def decode(text: str, enc: Encoding, outputs: list[np.ndarray], labels: dict, decoded: bool = False,
+           oos_id: int | None = None, oos_answer: str = OOS) -> dict:
     """Raw graph: outputs [intent_logits (1, I)] or [intent_logits (1, I), slot_logits (1, T, S)], decoded here
-    by argmax. Decoded graph (decoded=True): [intent (1,), confidence (1,)] or [..., tags (1, T)], final ids."""
+    by argmax. Decoded graph (decoded=True): [intent (1,), confidence (1,)] or [..., tags (1, T)], final ids, the
+    intent named by `intent_name` (oos_id, oos_answer: the manifest's decoding)."""
     if decoded:
         k, conf = int(np.asarray(outputs[0]).reshape(-1)[0]), float(np.asarray(outputs[1]).reshape(-1)[0])
         tags = None
@@ -71,7 +79,7 @@ def decode(text: str, enc: Encoding, outputs: list[np.ndarray], labels: dict, de
         probs = softmax(np.asarray(outputs[0], dtype=np.float64)[0])
         k, conf = int(probs.argmax()), float(probs.max())
         tags = word_tags(outputs[1][0], enc, labels["slot_tags"]) if len(outputs) > 1 else None
-    result = {"intent": intent_name(k, labels), "confidence": conf,
+    result = {"intent": intent_name(k, labels, oos_id, oos_answer), "confidence": conf,
               "slots": spans(enc.words, text, tags) if tags else []}
     if tags is not None:
         result["tags"] = tags

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from edgekit.runtime.package import PackageError
 from edgekit.runtime.protofile import onnx_inputs, onnx_outputs
+from edgekit.runtime.tokenizer import Encoding
 
 # name -> the code each format writes for it (ONNX TensorProto.DataType, ExecuTorch ScalarType)
 ELEMENT_TYPES = {"int64": {"onnx": 7, "executorch": 4}, "int32": {"onnx": 6, "executorch": 3},
@@ -64,3 +67,37 @@ def check_element_types(path: str | Path) -> dict[str, dict[str, list[str]]]:
                     raise PackageError(f"{Path(path).name}: {graph} {side[:-1]} {i} is {name}; a graph's element "
                                        f"types are {', '.join(ELEMENT_TYPES)} (docs/package-format.md)")
     return types
+
+
+def model_inputs(enc: Encoding, n_intents: int, decoding: bool, intent_mask: np.ndarray | None = None,
+                 reject: bool = True, batched: bool = False, mask_dtype=np.int32) -> list[np.ndarray]:
+    """The graph's inputs for one utterance, in the manifest's order. A batched graph (server profiles) takes
+    intent_mask per utterance, (B, I), where a phone's graph takes one (I,). mask_dtype: the masks' element type,
+    int32 (schema 3) or bool (a schema 2 package)."""
+    ids = np.asarray([enc.input_ids], dtype=np.int64)  # (1, T)
+    mask = np.asarray([enc.attention_mask], dtype=np.int64)  # (1, T)
+    if not decoding:
+        return [ids, mask]
+    allowed = (np.ones(n_intents, dtype=mask_dtype) if intent_mask is None
+               else np.asarray(intent_mask, dtype=bool).astype(mask_dtype))  # (I,): 1 allowed, 0 not
+    return [ids, mask, word_positions(enc.word_index).reshape(1, -1), allowed[None] if batched else allowed,
+            np.asarray([reject], dtype=mask_dtype)]
+
+
+def stack(inputs: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """Single-utterance inputs of a batched graph -> one batch (each array concatenated on its batch axis)."""
+    return [np.concatenate(arrays, 0) for arrays in zip(*inputs)]
+
+
+def row(outputs: list[np.ndarray], i: int) -> list[np.ndarray]:
+    """Utterance i's outputs of a batched run, shaped as a single run's."""
+    return [o[i : i + 1] for o in outputs]
+
+
+def word_positions(word_index: list[int]) -> np.ndarray:
+    """(T - 2,) int64: the position of each word's first piece, 0 past the last word ([CLS] and [SEP] leave at
+    most T - 2 words). The decoding graph reads each word's slot scores there."""
+    pos = np.zeros(len(word_index) - 2, dtype=np.int64)
+    starts = [t for t, w in enumerate(word_index) if w >= 0][: len(pos)]
+    pos[: len(starts)] = starts
+    return pos

@@ -79,6 +79,17 @@ def _finite(s: str) -> float:
     return x
 
 
+def _integer(s: str) -> int:
+    """An integer literal, refused where a double cannot hold its magnitude: JavaScript's JSON.parse reads 1e400
+    and a 400-digit integer alike as Infinity (docs/package-format.md R3)."""
+    x = int(s)
+    try:
+        float(x)
+    except OverflowError:
+        raise JSONFileError(f"{s[:20]}... is out of the range of a double") from None
+    return x
+
+
 def _object(pairs: list[tuple[str, object]]) -> dict:
     obj = dict(pairs)
     if len(obj) != len(pairs):
@@ -104,7 +115,8 @@ def loads(data: bytes, where: str | Path, max_depth: int = MAX_DEPTH):
         raise JSONFileError(f"{where}:{_line_too_deep(text, max_depth)}: arrays and objects nested more than "
                             f"{max_depth} deep")
     try:
-        return json.loads(text, parse_constant=_no_constant, parse_float=_finite, object_pairs_hook=_object)
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite, parse_int=_integer,
+                          object_pairs_hook=_object)
     except json.JSONDecodeError as e:
         raise JSONFileError(f"{where}:{e.lineno}: invalid JSON ({e.msg})") from None
     except JSONFileError as e:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgekit.runtime.jsonfile import LABELS_BYTES, MANIFEST_BYTES, JSONFileError, loads, read_bounded, read_json
-from edgekit.runtime.protofile import ONNX_DTYPES, onnx_inputs, piece_count
+from edgekit.runtime.protofile import ONNX_DTYPES, onnx_inputs, onnx_outputs, sentencepiece_facts
 
 SCHEMA_VERSION = 3  # what edgekit writes; the runtime also reads 2 (bool masks), each against its own schema
 MANIFEST = "manifest.json"
@@ -23,7 +23,8 @@ MODEL_FILES = {"executorch": "model.pte", "onnx": "model.onnx"}  # each runtime'
 SCHEMA_FILE = "manifest.schema.json"  # JSON Schema of the manifest: the runtime's copy, shipped in every package
 SCHEMA_PATH = Path(__file__).parent / SCHEMA_FILE
 SCHEMA_PATHS = {2: Path(__file__).parent / "manifest-2.schema.json", SCHEMA_VERSION: SCHEMA_PATH}
-MASK_DTYPES = {2: "bool", 3: "int32"}  # the element type of intent_mask and reject, by schema version
+MASK_DTYPES = {2: "bool", 3: "int32"}
+OUTPUT_DTYPES = {"intent": "int64", "confidence": "float32", "tags": "int64"}  # R8, both schema versions  # the element type of intent_mask and reject, by schema version
 LABELS_SCHEMA_PATH = Path(__file__).parent / "labels.schema.json"  # the runtime's own; packages do not ship it
 
 
@@ -95,12 +96,26 @@ def _items(validator, items, instance, schema):
 def _validator(path: Path = SCHEMA_PATH):
     import jsonschema
 
-    # JSON Schema counts 16.0 as an integer; a manifest's counts and ids are written as integers, so only those
-    ints = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
-        "integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
-    cls = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"uniqueItems": _unique, "items": _items},
-                                       type_checker=ints)
+    # JSON Schema's own "integer": 16.0 is the integer 16 (R3); _as_ints makes it an int after validation
+    cls = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"uniqueItems": _unique, "items": _items})
     return cls(schema(path))
+
+
+# The manifest's numbers the schemas type "number", not "integer" (docs/package-format.md R3): every other number
+# is an integer field, whose value the schema has checked is integral.
+NUMBER_FIELDS = frozenset({"threshold", "temperature", "timeout_s"})
+
+
+def _as_ints(value, key: str = ""):
+    """`value` (schema-valid) with each integral float in an integer field made an int: the runtime slices and
+    counts with them, and `16.0` is the field 16 (R3)."""
+    if isinstance(value, float) and value.is_integer() and key not in NUMBER_FIELDS:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _as_ints(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_ints(v, key) for v in value]
+    return value
 
 
 def _short(value, n: int = 80) -> str:
@@ -125,6 +140,13 @@ def _schema_check(instance, where, path: Path = SCHEMA_PATH, what: str = "(the m
     raise PackageError(f"{where}: {field}: {why}")
 
 
+def _input_shapes(T: int, n_intents: int, batched: bool) -> list[list]:
+    """The five inputs' shapes (docs/package-format.md R9): a phone package's column, or a server package's."""
+    if batched:
+        return [["batch", T], ["batch", T], ["batch", T - 2], ["batch", n_intents], ["batch"]]
+    return [[1, T], [1, T], [1, T - 2], [n_intents], [1]]
+
+
 def check_manifest(m: object, where: str = MANIFEST) -> dict:
     """The manifest against manifest.schema.json, before any field is used, then what a schema cannot say (every
     file the manifest points to is listed in `files`): one line naming the field on failure."""
@@ -136,6 +158,7 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
                            f"{' and '.join(map(str, SCHEMA_PATHS))}"
                            + (" (rebuild the package with this edgekit)" if version == 1 else ""))
     _schema_check(m, where, SCHEMA_PATHS[version])
+    m = _as_ints(m)
     files, models, tok = m["files"], m["models"], m["tokenizer"]
     refs = {f"models.{k}": v for k, v in models.items()} | {"labels": m["labels"], "tokenizer.file": tok["file"],
                                                            "schema": m["schema"]}
@@ -146,16 +169,21 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
             raise PackageError(f"{where}: {key}: {name!r} is not listed in files (its sha256 would not be checked)")
     T, n_int, buckets = m["max_len"], m["label_sets"]["intents"], m.get("buckets", {})
     lengths = [b["max_len"] for b in buckets.get("executorch", [])]
+    methods = [b["method"] for b in buckets.get("executorch", [])]
+    shapes = [i["shape"] for i in m["inputs"]]
+    want = _input_shapes(T, n_int, shapes[0][0] == "batch")
+    dec = m["decoding"]
     facts = [  # what the schema cannot say: the fields agree with one another
         ("primary_runtime", m["primary_runtime"] in models, f"{m['primary_runtime']!r} has no model in models"),
         ("buckets", set(buckets) <= set(models), "names a runtime that has no model"),
         ("buckets.executorch", lengths == sorted(set(lengths)), "not shortest first"),
         ("buckets.executorch", not lengths or lengths[-1] == T, f"the last bucket must be max_len {T}"),
-        ("decoding.oos_id", m["decoding"]["oos_id"] <= n_int, f"above the {n_int} intents"),
-        ("inputs", [i["shape"][-1] for i in m["inputs"]][:4] == [T, T, T - 2, n_int],
-         f"shapes must end in {T}, {T}, {T - 2} and {n_int} (max_len, max_len - 2, label_sets.intents)"),
-        ("inputs", len({i["shape"][0] == "batch" for i in m["inputs"]}) == 1, "'batch' on some inputs only"),
-        ("seq_axis", m.get("seq_axis") != "dynamic" or m["inputs"][0]["shape"][0] == "batch",
+        ("buckets.executorch", len(set(methods)) == len(methods), "method names must differ (R11)"),
+        ("decoding.oos_id", dec["oos_id"] <= n_int, f"above the {n_int} intents"),
+        ("decoding.oos_answer", dec["oos_id"] < n_int or dec["oos_answer"] == "oos",
+         f"{_short(dec['oos_answer'])}: with oos_id {n_int} (the reserved id) it must be 'oos' (R13)"),
+        ("inputs", shapes == want, f"shapes {_short(shapes, 120)}, expected {want} (R9)"),
+        ("seq_axis", m.get("seq_axis") != "dynamic" or shapes[0][0] == "batch",
          "dynamic needs a batched graph ('batch' inputs)"),
         ("outputs", len(m["outputs"]) == (3 if m["label_sets"]["slot_tags"] else 2), "tags exactly when slot_tags > 0"),
     ]
@@ -171,13 +199,22 @@ def check_labels(labels: object, m: dict, where: str | Path = "labels.json") -> 
     if not isinstance(labels, dict):
         raise PackageError(f"{where}: expected a JSON object, got {type(labels).__name__}")
     _schema_check(labels, where, LABELS_SCHEMA_PATH, "(the labels)")
-    oos = labels.get("oos_label")
-    if oos is not None and oos not in labels["intents"]:
+    intents, oos, dec = labels["intents"], labels.get("oos_label"), m["decoding"]
+    if oos is not None and oos not in intents:
         raise PackageError(f"{where}: oos_label: {_short(oos)} is not one of the intents")
     for key in ("intents", "slot_tags"):
         if len(labels[key]) != m["label_sets"][key]:
             raise PackageError(f"{where}: {key}: {len(labels[key])} names, the manifest's label_sets.{key} says "
                                f"{m['label_sets'][key]}")
+    # R13: the reserved id I exactly when the data has no out-of-scope class; else that class is the rejection
+    k = dec["oos_id"]
+    if (oos is None) != (k == len(intents)) or (oos is not None and not intents[k] == oos == dec["oos_answer"]):
+        raise PackageError(f"{where}: oos_label: {_short(oos)} does not agree with the manifest's decoding.oos_id "
+                           f"{k} and oos_answer {_short(dec['oos_answer'])} (R13)")
+    unknown = next((x for x in dec["allowed_intents"] or [] if x not in set(intents)), None)
+    if unknown is not None:  # R14
+        raise PackageError(f"{where}: intents: the manifest's decoding.allowed_intents names {_short(unknown)}, "
+                           "which is not one of them")
     return labels
 
 
@@ -210,18 +247,36 @@ def _fits(dim, want) -> bool:
     return dynamic if want == "batch" else dynamic or dim == want
 
 
+# R5: each special piece's text and SentencePiece type (2 UNKNOWN, 3 CONTROL), by the manifest's special_ids key
+SPECIALS = {"pad": ("<pad>", 3), "unk": ("<unk>", 2), "cls": ("[CLS]", 3), "sep": ("[SEP]", 3)}
+SP_TYPES = {1: "NORMAL", 2: "UNKNOWN", 3: "CONTROL", 4: "USER_DEFINED", 5: "UNUSED", 6: "BYTE"}
+
+
+def _check_tokenizer(tok: Path, t: dict) -> None:
+    """R5: the piece count is vocab_size, the normalizer the manifest's, and each special piece found by its text
+    once, of its type, at the manifest's id."""
+    try:
+        pieces, normalizer, found = sentencepiece_facts(tok, [text for text, _ in SPECIALS.values()])
+    except ValueError as e:
+        raise PackageError(f"{tok}: not a SentencePiece model ({e})") from None
+    if pieces != t["vocab_size"]:
+        raise PackageError(f"{tok}: {pieces} pieces, the manifest's tokenizer.vocab_size says {t['vocab_size']}")
+    if normalizer != t["normalizer"]:
+        raise PackageError(f"{tok}: its normalizer is {_short(normalizer)}, the manifest's tokenizer.normalizer "
+                           f"says {t['normalizer']!r}")
+    for key, (text, kind) in SPECIALS.items():
+        pieces = [(k, SP_TYPES.get(ty, ty)) for k, ty in found[text]]
+        if pieces != [(t["special_ids"][key], SP_TYPES[kind])]:
+            raise PackageError(f"{tok}: piece {text!r} is {_short(pieces)} (id, type), the manifest's "
+                               f"tokenizer.special_ids.{key} says one {SP_TYPES[kind]} piece at id "
+                               f"{t['special_ids'][key]}")
+
+
 def _check_models(root: Path, m: dict) -> None:
     """What the manifest says of the other files, read from them without loading a model: the tokenizer's piece
     count is tokenizer.vocab_size, and each ONNX graph declares the manifest's inputs (names, dtypes, shapes: a
     fixed dimension is the manifest's number, "batch" is a dynamic one)."""
-    tok = root / m["tokenizer"]["file"]
-    try:
-        pieces = piece_count(tok)
-    except ValueError as e:
-        raise PackageError(f"{tok}: not a SentencePiece model ({e})") from None
-    if pieces != m["tokenizer"]["vocab_size"]:
-        raise PackageError(f"{tok}: {pieces} pieces, the manifest's tokenizer.vocab_size says "
-                           f"{m['tokenizer']['vocab_size']}")
+    _check_tokenizer(root / m["tokenizer"]["file"], m["tokenizer"])
     graphs = [m["models"]["onnx"]] if "onnx" in m["models"] else []
     graphs += [m["tensorrt_model"]] if "tensorrt_model" in m else []
     names = [i["name"] for i in m["inputs"]]
@@ -238,6 +293,11 @@ def _check_models(root: Path, m: dict) -> None:
                     map(_fits, dims, want["shape"])):
                 raise PackageError(f"{f}: input {name} is {_shape(dtype, dims)} in the graph, the manifest's "
                                    f"inputs.{k} says {want['dtype']} [{', '.join(map(str, want['shape']))}]")
+        outputs = onnx_outputs(f)  # R8: the outputs the manifest names, of their types
+        if [(name, dtype) for name, dtype, _ in outputs] != [(n, ONNX_DTYPES[OUTPUT_DTYPES[n]]) for n in m["outputs"]]:
+            raise PackageError(f"{f}: the graph's outputs are {_short([(n, _shape(t, d)) for n, t, d in outputs], 160)}"
+                               f", the manifest's outputs say {m['outputs']} "
+                               f"({', '.join(f'{n} {OUTPUT_DTYPES[n]}' for n in m['outputs'])})")
 
 
 @dataclass
@@ -298,6 +358,17 @@ class Package:
     def mask_dtype(self) -> str:
         """The element type of the graph's intent_mask and reject: "int32", or "bool" in a schema 2 package."""
         return MASK_DTYPES[self.manifest["schema_version"]]
+
+    @property
+    def answerable(self) -> list[str] | None:
+        """G, the intents the graph can choose (docs/package-format.md R14); None: every intent. A schema 2
+        package's allowed_intents is the build's --intents list alone: the out-of-scope class comes off it here
+        when the policy kept that class out of the softmax."""
+        dec, oos = self.manifest["decoding"], self.labels.get("oos_label")
+        g = dec["allowed_intents"]
+        if self.manifest["schema_version"] == 2 and oos and dec["policy"].startswith("threshold on in-scope intents"):
+            g = [x for x in g or self.labels["intents"] if x != oos]
+        return g
 
     @property
     def batched(self) -> bool:

@@ -15,6 +15,7 @@ import numpy as np
 from edgekit.runtime.backends import BACKENDS, open_backend
 from edgekit.runtime.cascade import DEFAULT_TIMEOUT_S, Fallback
 from edgekit.runtime.decode import OOS, decode
+from edgekit.runtime.interface import model_inputs, row, stack
 from edgekit.runtime.latency import summary
 from edgekit.runtime.package import Package, PackageError
 from edgekit.runtime.providers import PROVIDERS
@@ -150,40 +151,6 @@ def load_tokenizer(pkg: Package) -> SentencePieceTokenizer:
     return tok
 
 
-def model_inputs(enc: Encoding, n_intents: int, decoding: bool, intent_mask: np.ndarray | None = None,
-                 reject: bool = True, batched: bool = False, mask_dtype=np.int32) -> list[np.ndarray]:
-    """The graph's inputs for one utterance, in the manifest's order. A batched graph (server profiles) takes
-    intent_mask per utterance, (B, I), where a phone's graph takes one (I,). mask_dtype: the masks' element type,
-    int32 (schema 3) or bool (a schema 2 package)."""
-    ids = np.asarray([enc.input_ids], dtype=np.int64)  # (1, T)
-    mask = np.asarray([enc.attention_mask], dtype=np.int64)  # (1, T)
-    if not decoding:
-        return [ids, mask]
-    allowed = (np.ones(n_intents, dtype=mask_dtype) if intent_mask is None
-               else np.asarray(intent_mask, dtype=bool).astype(mask_dtype))  # (I,): 1 allowed, 0 not
-    return [ids, mask, word_positions(enc.word_index).reshape(1, -1), allowed[None] if batched else allowed,
-            np.asarray([reject], dtype=mask_dtype)]
-
-
-def stack(inputs: list[list[np.ndarray]]) -> list[np.ndarray]:
-    """Single-utterance inputs of a batched graph -> one batch (each array concatenated on its batch axis)."""
-    return [np.concatenate(arrays, 0) for arrays in zip(*inputs)]
-
-
-def row(outputs: list[np.ndarray], i: int) -> list[np.ndarray]:
-    """Utterance i's outputs of a batched run, shaped as a single run's."""
-    return [o[i : i + 1] for o in outputs]
-
-
-def word_positions(word_index: list[int]) -> np.ndarray:
-    """(T - 2,) int64: the position of each word's first piece, 0 past the last word ([CLS] and [SEP] leave at
-    most T - 2 words). The decoding graph reads each word's slot scores there."""
-    pos = np.zeros(len(word_index) - 2, dtype=np.int64)
-    starts = [t for t, w in enumerate(word_index) if w >= 0][: len(pos)]
-    pos[: len(starts)] = starts
-    return pos
-
-
 def _has(provider: str) -> bool:
     import onnxruntime as ort
 
@@ -204,10 +171,14 @@ class Predictor:
     """`Predictor.open("build/snips-android").predict("play queen")` -> {"intent", "confidence", "slots"}."""
 
     def __init__(self, backend, tokenizer, labels: dict, max_len: int, decoding: bool = False, batched: bool = False,
-                 fallback: Fallback | None = None, oos_answer: str | None = None):
+                 fallback: Fallback | None = None, oos_answer: str | None = None, mask_dtype: str = "int32",
+                 oos_id: int | None = None, answerable: list[str] | None = None):
         self.backend, self.tokenizer, self.labels, self.max_len = backend, tokenizer, labels, max_len
-        # what an utterance that says nothing gets: the manifest's decoding.oos_answer (the data's label, else OOS)
+        # what a rejection and an utterance that says nothing answer: the manifest's decoding.oos_answer (R13)
         self.oos_answer = oos_answer or labels.get("oos_label") or OOS
+        self.oos_id = len(labels["intents"]) if oos_id is None else oos_id  # the manifest's decoding.oos_id
+        self.mask_dtype = mask_dtype  # intent_mask and reject: int32, or bool in a schema 2 package
+        self.answerable = None if answerable is None else set(answerable)  # G (R14); None: every intent
         self.decoding = decoding  # the graph decodes (intent mask, rejection, Viterbi) and returns final ids
         self.batched = batched  # the graph has a dynamic batch axis (server profiles)
         self.fallback = fallback  # device first, a server when unsure (runtime/cascade.py)
@@ -249,9 +220,9 @@ class Predictor:
             fallback = Fallback(fallback_url, float(tau), float(fallback_timeout_s or cas.get("timeout_s")
                                                                 or DEFAULT_TIMEOUT_S))
         backend = open_backend(runtime, path, threads, pkg.buckets(runtime), **onnx)
-        decoding = pkg.manifest.get("decoding") or {}
-        return cls(backend, load_tokenizer(pkg), pkg.labels, pkg.max_len, bool(decoding), pkg.batched, fallback,
-                   decoding.get("oos_answer", OOS))
+        dec = pkg.manifest["decoding"]
+        return cls(backend, load_tokenizer(pkg), pkg.labels, pkg.max_len, True, pkg.batched, fallback,
+                   dec["oos_answer"], pkg.mask_dtype, dec["oos_id"], pkg.answerable)
 
     @property
     def provider(self) -> str:
@@ -276,6 +247,9 @@ class Predictor:
         unknown = [a for a in names if a not in intents]
         if unknown:
             raise ValueError(f"{name}: unknown intent {shown(unknown[0])}; the package knows: {', '.join(intents)}")
+        if self.answerable is not None and self.answerable.isdisjoint(names):  # R14: the graph could answer none
+            raise ValueError(f"{name}: none of {shown(names)} can be answered by this package "
+                             "(decoding.allowed_intents)")
         return names, np.asarray([i in names for i in intents], dtype=bool)
 
     def encode(self, text: str, warn: bool = True) -> Encoding:
@@ -288,7 +262,7 @@ class Predictor:
 
     def inputs(self, enc: Encoding, intent_mask: np.ndarray | None = None, reject: bool = True) -> list[np.ndarray]:
         return model_inputs(enc, len(self.labels["intents"]), self.decoding, intent_mask, reject, self.batched,
-                            self.pkg.mask_dtype)
+                            self.mask_dtype)
 
     def run(self, enc: Encoding, intent_mask: np.ndarray | None = None, reject: bool = True) -> list[np.ndarray]:
         return self.backend.run(*self.inputs(enc, intent_mask, reject))
@@ -308,7 +282,7 @@ class Predictor:
         """One utterance's answer, its arguments already checked (predict)."""
         if enc.empty:  # nothing to answer: no model call, no server asked
             return self.no_words(enc) | ({"escalated": False} if self.fallback else {})
-        ans = decode(text, enc, self.run(enc, mask, reject), self.labels, self.decoding)
+        ans = decode(text, enc, self.run(enc, mask, reject), self.labels, self.decoding, self.oos_id, self.oos_answer)
         return self.fallback.answer(ans, text, names, reject) if self.fallback else ans
 
     def no_words(self, enc: Encoding) -> dict:
@@ -346,7 +320,8 @@ class Predictor:
         run = [i for i, e in enumerate(encs) if not e.empty]  # the rows the model answers, in order
         out = self.backend.run(*stack([self.inputs(encs[i], opts[i][1], rej[i]) for i in run])) if run else None
         k = iter(range(len(run)))
-        return [self.no_words(e) if e.empty else decode(t, e, row(out, next(k)), self.labels, self.decoding)
+        return [self.no_words(e) if e.empty else decode(t, e, row(out, next(k)), self.labels, self.decoding,
+                                                         self.oos_id, self.oos_answer)
                 for t, e in zip(texts, encs)]
 
     def encode_row(self, k: int, text: str, warn: bool) -> Encoding:

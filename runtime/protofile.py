@@ -129,6 +129,23 @@ def piece_count(path: str | Path) -> int:
         return len(_parts(buf, [(0, len(buf))], 1))
 
 
+def sentencepiece_facts(path: str | Path, texts) -> tuple[int, str, dict[str, list[tuple[int, int]]]]:
+    """What docs/package-format.md R5 checks in a SentencePiece model file: its piece count, its normalizer's name
+    (NormalizerSpec field 1 in ModelProto field 3, the last value winning; "" when absent) and, for each of
+    `texts`, every (id, type) of a piece with that text (SentencePiece field 1, default ""; field 3, default 1)."""
+    wanted = set(texts)
+    with open(path, "rb") as f:
+        buf = _Blocks(f)
+        pieces = _parts(buf, [(0, len(buf))], 1)
+        found: dict[str, list[tuple[int, int]]] = {t: [] for t in wanted}
+        for k, span in enumerate(pieces):
+            text = _scalar(buf, [span], 1, text=True) or ""
+            if text in wanted:
+                found[text].append((k, _scalar(buf, [span], 3) or 1))
+        name = _scalar(buf, _parts(buf, [(0, len(buf))], 3), 1, text=True) or ""
+        return len(pieces), name, found
+
+
 def _dims(buf, tensor: list[tuple[int, int]]) -> list | None:
     """TypeProto.Tensor's shape: each dim an int (dim_value), a str (dim_param) or None (unknown); None: no shape."""
     shape = _parts(buf, tensor, 2)

@@ -75,7 +75,7 @@ def choose_intent_slots(ctx: Context, teacher, tokenizer) -> tuple[dict | None, 
 
 def check_inputs(ctx: Context, decoding: bool, n: int = 64) -> list[list[np.ndarray]]:
     """Real test utterances as graph inputs; decoded graphs also see a restricted intent mask and rejection off."""
-    from edgekit.runtime.predictor import model_inputs
+    from edgekit.runtime.interface import model_inputs
 
     encs = [ctx.tokenizer.encode(ex.text, ctx.max_len) for ex in ctx.data.splits["test"][:n]]
     n_int = len(ctx.data.intents)
@@ -99,7 +99,7 @@ def runtime_answers(ctx: Context, runtime: str, path: Path, decoding: bool, reje
 
 def quant_inputs(ctx: Context, n: int, decoding: bool) -> list[list[np.ndarray]]:
     """Graph inputs for `n` train utterances (a fixed shuffle: every intent is represented)."""
-    from edgekit.runtime.predictor import model_inputs
+    from edgekit.runtime.interface import model_inputs
 
     train = ctx.data.splits["train"]
     idx = np.random.default_rng(ctx.cfg.seed).permutation(len(train))[:n]

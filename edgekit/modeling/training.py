@@ -22,7 +22,7 @@ from edgekit.modeling.model import JointModel, count_params, param_bytes
 from edgekit.modeling.perf import native_bf16
 from edgekit.record import PassRecord
 from edgekit.runtime.decode import decode
-from edgekit.runtime.predictor import word_positions
+from edgekit.runtime.interface import word_positions
 from edgekit.scoring.score import dev_score, labels_of, score
 
 IGNORE = -100

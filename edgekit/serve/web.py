@@ -184,6 +184,7 @@ def serve(table: dict[str, tuple[str, bytes, str]], host: str = "127.0.0.1", por
 def start(package_dir: str | Path, host: str = "127.0.0.1", port: int = 8080, site: Path = SITE):
     """Check the page and the package, bind, and serve in a daemon thread. Returns (server, url, warning)."""
     from edgekit.runtime import Package
+    from edgekit.runtime.package import SCHEMA_VERSION
 
     if not 0 <= port <= 65535:
         raise EdgekitError(f"--port {port}: must be in 0..65535")
@@ -191,6 +192,10 @@ def start(package_dir: str | Path, host: str = "127.0.0.1", port: int = 8080, si
     # The schema, paths, listed files and sizes; the sha256 of each file served is checked by routes(), on the
     # bytes it serves (the page never reads model.pte, so it is not hashed here).
     pkg = Package.load(package_dir, verify=False)
+    if pkg.manifest["schema_version"] != SCHEMA_VERSION:  # the page's client reads schema 3 only (R2)
+        raise EdgekitError(f"{package_dir}: manifest.json: schema_version {pkg.manifest['schema_version']} is not "
+                           f"supported by this client (it reads {SCHEMA_VERSION}); rebuild the package with an "
+                           f"edgekit that writes schema_version {SCHEMA_VERSION}")
     if "onnx" not in pkg.manifest["models"]:
         raise EdgekitError(f"{package_dir}: the page runs ONNX models; this package has "
                            f"{', '.join(pkg.manifest['models'])} (build with --target web)")

@@ -29,7 +29,7 @@ def export_teacher(package: Path, runtime: str, dest: Path) -> Path:
     from edgekit.converters.export_executorch import ExecuTorchExportConfig, export_executorch
     from edgekit.converters.export_onnx import OnnxExportConfig, export_onnx
     from edgekit.modeling.model import load_model
-    from edgekit.runtime.predictor import model_inputs
+    from edgekit.runtime.interface import model_inputs
     from edgekit.runtime.tokenizer import SentencePieceTokenizer
 
     pkg = Package.load(package)
@@ -116,7 +116,8 @@ def decoding_latency(package: str, runtime: str, texts: list[str], threads: int 
                                  p.labels, p.max_len, decoding=False)
     if unfused_path:
         preds["unfused"] = Predictor(open_backend(runtime, unfused_path, threads, pkg.buckets(runtime), **same),
-                                     p.tokenizer, p.labels, p.max_len, decoding=True, batched=p.batched)
+                                     p.tokenizer, p.labels, p.max_len, decoding=True, batched=p.batched,
+                                     mask_dtype=p.mask_dtype)
     # Ten rounds (a few seconds): single runs of three rounds moved by several points with the machine's state.
     return dict(zip(preds, alternating_latency(list(preds.values()), texts, rounds=10)))
 
@@ -128,8 +129,8 @@ def batch_throughput(package: str, texts: list[str], batches: list[int], threads
     that ran is recorded."""
     import time
 
+    from edgekit.runtime.interface import stack
     from edgekit.runtime.latency import percentile
-    from edgekit.runtime.predictor import stack
 
     pred = Predictor.open(package, "onnx", threads=threads, providers=providers)
     if not pred.batched:

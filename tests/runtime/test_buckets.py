@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from edgekit.runtime.backends import Bucketed, fit, open_backend
-from edgekit.runtime.predictor import word_positions
+from edgekit.runtime.interface import word_positions
 
 INTENTS, TAGS = ["play", "stop", "weather"], ["O", "B-a", "I-a", "B-b", "I-b"]
 T = 16

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from edgekit.runtime.package import SCHEMA_FILE, SCHEMA_PATH, Package, PackageError
+from edgekit.runtime.package import SCHEMA_FILE, SCHEMA_PATHS, Package, PackageError
 
 FILES = ["model.onnx", "tokenizer.model", "labels.json", SCHEMA_FILE]
 
@@ -35,54 +35,69 @@ def proto(*fields: tuple[int, int | bytes | str]) -> bytes:
     return out
 
 
-def onnx_graph(inputs: list[dict]) -> bytes:
-    """An ONNX ModelProto whose graph declares `inputs` (the manifest's {"name", "dtype", "shape"}) and nothing
-    else: what Package.load reads of a model."""
+DTYPES = {"int64": 7, "int32": 6, "float32": 1, "bool": 9}  # ONNX TensorProto.DataType
+OUTPUTS = [{"name": "intent", "dtype": "int64", "shape": [1]}, {"name": "confidence", "dtype": "float32", "shape": [1]},
+           {"name": "tags", "dtype": "int64", "shape": [1, 16]}]
+
+
+def onnx_graph(inputs: list[dict], outputs: list[dict] = OUTPUTS) -> bytes:
+    """An ONNX ModelProto whose graph declares `inputs` and `outputs` (the manifest's {"name", "dtype", "shape"})
+    and nothing else: what Package.load reads of a model."""
     def value_info(i: dict) -> bytes:
         dims = [proto((2, d) if isinstance(d, str) else (1, d)) for d in i["shape"]]
-        tensor = proto((1, {"int64": 7, "bool": 9}[i["dtype"]]), (2, proto(*[(1, d) for d in dims])))
+        tensor = proto((1, DTYPES[i["dtype"]]), (2, proto(*[(1, d) for d in dims])))
         return proto((1, i["name"]), (2, proto((1, tensor))))
 
-    return proto((1, 8), (7, proto((2, "g"), *[(11, value_info(i)) for i in inputs])))
+    return proto((1, 8), (7, proto((2, "g"), *[(11, value_info(i)) for i in inputs],
+                                   *[(12, value_info(o)) for o in outputs])))
 
 
-def spm_model(n: int) -> bytes:
-    """A SentencePiece ModelProto of n pieces (the four special ones first)."""
+SPECIAL = [("<pad>", 3), ("<unk>", 2), ("[CLS]", 3), ("[SEP]", 3)]  # text, SentencePiece type (R5)
+
+
+def spm_model(n: int, special=SPECIAL, normalizer: str | None = "edgekit_bert_basic") -> bytes:
+    """A SentencePiece ModelProto of n pieces (the four special ones first, of their types) and its normalizer."""
     from sentencepiece import sentencepiece_model_pb2 as pb
 
     m = pb.ModelProto()
-    for name in ["<pad>", "<unk>", "[CLS]", "[SEP]"] + [chr(97 + k) for k in range(n - 4)]:
-        m.pieces.add(piece=name, score=0.0)
+    for name, kind in list(special) + [(chr(97 + k), 1) for k in range(n - len(special))]:
+        m.pieces.add(piece=name, score=0.0, type=kind)
+    if normalizer is not None:
+        m.normalizer_spec.name = normalizer
     return m.SerializeToString()
 
 
 INPUTS = [{"name": "input_ids", "dtype": "int64", "shape": [1, 16]},
           {"name": "attention_mask", "dtype": "int64", "shape": [1, 16]},
           {"name": "word_pos", "dtype": "int64", "shape": [1, 14]},
-          {"name": "intent_mask", "dtype": "bool", "shape": [2]},
-          {"name": "reject", "dtype": "bool", "shape": [1]}]
+          {"name": "intent_mask", "dtype": "int32", "shape": [2]},
+          {"name": "reject", "dtype": "int32", "shape": [1]}]
 MODEL = onnx_graph(INPUTS)  # the hand-made package's model.onnx
+LABELS = {"intents": ["a", "b"], "slot_tags": ["O"], "oos_label": None}
 
 
-def write_package(root, **over):
-    """A package folder whose model and tokenizer are the least Package.load reads (the graph's inputs, 8 pieces),
-    with a full schema-2 manifest listing them (`over` edits it)."""
+def write_package(root, version: int = 3, labels: dict = LABELS, tokenizer: bytes | None = None,
+                  model: bytes | None = None, **over):
+    """A package folder whose model and tokenizer are the least Package.load reads (the graph's inputs and
+    outputs, 8 pieces), with a full manifest of schema `version` (2: bool masks) listing them (`over` edits it)."""
     root.mkdir(parents=True, exist_ok=True)
     T, inputs = 16, json.loads(json.dumps(INPUTS))
-    files = {"model.onnx": MODEL, "tokenizer.model": spm_model(8), "labels.json":
-             json.dumps({"intents": ["a", "b"], "slot_tags": ["O"], "oos_label": None}).encode(),
-             SCHEMA_FILE: SCHEMA_PATH.read_bytes()}
+    inputs[3]["shape"] = [len(labels["intents"])]
+    if version == 2:
+        inputs[3]["dtype"] = inputs[4]["dtype"] = "bool"
+    files = {"model.onnx": model or onnx_graph(inputs), "tokenizer.model": tokenizer or spm_model(8),
+             "labels.json": json.dumps(labels).encode(), SCHEMA_FILE: SCHEMA_PATHS[version].read_bytes()}
     for name, data in files.items():
         (root / name).write_bytes(data)
-    m = {"schema_version": 2, "schema": SCHEMA_FILE, "created_by": "edgekit test", "task": "intent",
+    m = {"schema_version": version, "schema": SCHEMA_FILE, "created_by": "edgekit test", "task": "intent",
          "profile": "android", "max_len": T,
          "tokenizer": {"type": "sentencepiece", "file": "tokenizer.model", "normalizer": "edgekit_bert_basic",
                        "lowercase": True, "vocab_size": 8, "special_ids": {"pad": 0, "unk": 1, "cls": 2, "sep": 3}},
-         "labels": "labels.json", "label_sets": {"intents": 2, "slot_tags": 1},
+         "labels": "labels.json", "label_sets": {"intents": len(labels["intents"]), "slot_tags": 1},
          "inputs": inputs,
          "outputs": ["intent", "confidence", "tags"],
-         "decoding": {"policy": "threshold", "score": "confidence", "threshold": 0.5, "temperature": 1.0, "oos_id": 2,
-                      "allowed_intents": None, "oos_answer": "oos"},
+         "decoding": {"policy": "threshold", "score": "confidence", "threshold": 0.5, "temperature": 1.0,
+                      "oos_id": len(labels["intents"]), "allowed_intents": None, "oos_answer": "oos"},
          "models": {"onnx": "model.onnx"}, "primary_runtime": "onnx", "cascade": {"threshold": None, "timeout_s": 0.3},
          "files": {n: {"sha256": hashlib.sha256(d).hexdigest(), "bytes": len(d)} for n, d in files.items()}}
     m.update(over)
@@ -130,15 +145,15 @@ def test_a_good_package_loads_and_its_digest_is_the_manifests_sha256(tmp_path):
     (lambda m: m["cascade"].update(threshold=1.5), "cascade.threshold: 1.5 is greater than the maximum of 1"),
     (lambda m: m.update(extra_field=1), "Additional properties are not allowed ('extra_field' was unexpected)"),
     (lambda m: m.update(label_sets={"intents": 2, "slot_tags": 2}), "slot_tags: 1 names, the manifest's label_sets"),
-    (lambda m: m.update(schema_version=1), "schema_version 1, this runtime reads 2 (rebuild the package"),
-    (lambda m: m.update(schema_version=3), "schema_version 3, this runtime reads 2"),
+    (lambda m: m.update(schema_version=1), "schema_version 1, this runtime reads 2 and 3 (rebuild the package"),
+    (lambda m: m.update(schema_version=4), "schema_version 4, this runtime reads 2 and 3"),
     (lambda m: m["files"]["model.onnx"].update(sha256="xyz"), "files.model.onnx.sha256: 'xyz' does not match"),
     (lambda m: m["cascade"].update(timeout_s=float("inf")), "invalid JSON (Infinity is not JSON)"),
     (lambda m: m["decoding"].update(temperature=float("nan")), "invalid JSON (NaN is not JSON)"),
-    (lambda m: m.update(max_len=16.0), "max_len: 16.0 is not of type 'integer'"),
+    (lambda m: m.update(max_len=16.5), "max_len: 16.5 is not of type 'integer'"),
     (lambda m: m.update(primary_runtime="executorch"), "primary_runtime: 'executorch' has no model in models"),
     (lambda m: m["decoding"].update(oos_id=3), "decoding.oos_id: above the 2 intents"),
-    (lambda m: m["inputs"][2].update(shape=[1, 16]), "inputs: shapes must end in 16, 16, 14 and 2"),
+    (lambda m: m["inputs"][2].update(shape=[1, 16]), "inputs: shapes [[1, 16], [1, 16], [1, 16], [2], [1]], expected"),
     (lambda m: m.update(outputs=["intent", "confidence"]), "outputs: tags exactly when slot_tags > 0"),
     (lambda m: m.update(buckets={"executorch": [{"max_len": 8, "method": "forward_8"},
                                                 {"max_len": 16, "method": "forward"}]}),

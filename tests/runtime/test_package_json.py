@@ -157,7 +157,7 @@ def test_a_manifest_that_links_out_of_the_folder_is_refused(tmp_path):
     ({"intents": ["a", None], "slot_tags": ["O"]}, "intents.1: None is not of type 'string'"),
     ({"intents": ["a", "a"], "slot_tags": ["O"]}, "intents: 'a' is given twice"),
     ({"intents": ["a", ""], "slot_tags": ["O"]}, "intents.1: '' should be non-empty"),
-    ({"intents": ["a", "b"], "slot_tags": [0]}, "slot_tags.0: 0 is not of type 'string'"),
+    ({"intents": ["a", "b"], "slot_tags": ["O", 0]}, "slot_tags.1: 0 is not of type 'string'"),
     ({"intents": ["a", "b"], "slot_tags": "O"}, "slot_tags: 'O' is not of type 'array'"),
     ({"intents": ["a", "b"], "slot_tags": ["O"], "oos_label": 5}, "oos_label: 5 is not of type 'string', 'null'"),
     ({"intents": ["a", "b"], "slot_tags": ["O"], "oos_label": "oos"}, "oos_label: 'oos' is not one of the intents"),
@@ -177,6 +177,7 @@ def test_labels_that_are_not_names_are_refused(tmp_path, labels, words):
 def test_a_good_labels_file_with_an_oos_label_loads(tmp_path):
     root = write_package(tmp_path / "p")
     (root / "labels.json").write_text(json.dumps({"intents": ["a", "oos"], "slot_tags": ["O"], "oos_label": "oos"}))
+    edit_manifest(root, lambda m: m["decoding"].update(oos_id=1))  # the class is the rejection id (R13)
     resign(root)
     assert Package.load(root).labels["oos_label"] == "oos"
 
@@ -189,10 +190,10 @@ def _graph_edit(k: int, **change):
 
 
 @pytest.mark.parametrize("graph,words", [
-    (_graph_edit(3, shape=[10]), "input intent_mask is bool [10] in the graph, the manifest's inputs.3 says bool [2]"),
+    (_graph_edit(3, shape=[10]), "input intent_mask is int32 [10] in the graph, the manifest's inputs.3 says int32 [2]"),
     (_graph_edit(2, name="word_ids"), "the graph's inputs are ['input_ids', 'attention_mask', 'word_ids'"),
     (_graph_edit(0, dtype="bool"), "input input_ids is bool [1, 16] in the graph, the manifest's inputs.0 says int64"),
-    (_graph_edit(4, shape=[1, 1]), "input reject is bool [1, 1] in the graph"),
+    (_graph_edit(4, shape=[1, 1]), "input reject is int32 [1, 1] in the graph"),
     (INPUTS[:4], "the graph's inputs are ['input_ids', 'attention_mask', 'word_pos', 'intent_mask'], the manifest"),
 ])
 def test_an_onnx_graph_whose_inputs_differ_from_the_manifest_is_refused(tmp_path, graph, words):
@@ -276,10 +277,11 @@ def test_10000_intents_are_refused_by_the_graphs_inputs_on_both_runtimes(copy):
     def edit(m):
         m["label_sets"]["intents"] = 10_000
         m["inputs"][3]["shape"] = [10_000]
+        m["decoding"]["oos_id"] = 10_000  # the reserved id after the last intent (R13)
 
     edit_manifest(copy, edit)
     resign(copy)
-    refused(copy, f"input intent_mask is bool [{n}] in the graph, the manifest's inputs.3 says bool [10000]",
+    refused(copy, f"input intent_mask is int32 [{n}] in the graph, the manifest's inputs.3 says int32 [10000]",
             ("executorch", "onnx"))
 
 

@@ -22,3 +22,26 @@ def test_client_mjs_unit_tests_pass():
     counts = {k: int(v) for k, v in re.findall(r"^# (tests|pass|fail|cancelled) (\d+)$", res.stdout, re.M)}
     assert counts.get("fail") == 0 and counts.get("cancelled") == 0, res.stdout[-8000:]
     assert counts.get("tests", 0) >= 20 and counts.get("pass") == counts["tests"], res.stdout[-8000:]
+
+
+SCHEMA2 = REPO / "tests" / "fixtures" / "schema2"
+R2_LINE = ("manifest.json: schema_version 2 is not supported by this client (it reads 3); rebuild the package with an "
+           "edgekit that writes schema_version 3")
+
+
+def test_clients_that_read_only_schema_3_refuse_a_schema_2_package_with_the_specs_line():
+    """docs/package-format.md R2: `node cli.mjs` and `edgekit web` (whose page runs client.mjs) refuse the schema-2
+    fixture in one line, exit 2; the Python runtime still reads it (tests/runtime/test_schema2.py)."""
+    import sys
+
+    web = REPO / "examples" / "web"
+    need(shutil.which("node") is not None and (web / "node_modules" / "onnxruntime-node").is_dir(),
+         "node and examples/web's modules (`npm ci` in examples/web)")
+    need((web / "dist" / "app.js").is_file(), "the page bundle (`npm run build` in examples/web)")
+    res = subprocess.run(["node", "cli.mjs", str(SCHEMA2), "play queen"], cwd=web, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and res.stderr.strip() == f"error: {R2_LINE}", (res.returncode, res.stderr)
+    res = subprocess.run([sys.executable, "-m", "edgekit.cli", "web", str(SCHEMA2), "--port", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and R2_LINE in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr

@@ -28,7 +28,7 @@ def _fuse(ctx: Context, src: Path, dst: Path, decoding: bool) -> dict:
     from edgekit.converters.fuse import fuse_onnx
     from edgekit.converters.optimize_onnx import optimize_onnx
     from edgekit.engine.measure import quant_inputs
-    from edgekit.runtime.predictor import model_inputs
+    from edgekit.runtime.interface import model_inputs
 
     n, server = len(ctx.data.intents), ctx.settings.server
     checks = [model_inputs(ctx.tokenizer.encode(ex.text, ctx.max_len), n, decoding, reject=False,

@@ -27,6 +27,15 @@ TRT_FILE = "model.trt.onnx"  # the unfused FP32 graph, for TensorRT (which canno
 OWNED = frozenset({"tokenizer.model", "labels.json", SCHEMA_FILE, TRT_FILE, *MODEL_FILES.values()})
 
 
+def answerable(labels: dict, dec: dict) -> list[str] | None:
+    """G, the intents the graph can choose (docs/package-format.md R14): the build's --intents list, less the data's
+    out-of-scope class when the policy keeps it out of the softmax; None when that is every intent."""
+    from edgekit.converters.decoding import config_from_record
+
+    mask = config_from_record(labels, dec).base_mask().tolist()
+    return None if all(mask) else [name for name, ok in zip(labels["intents"], mask) if ok]
+
+
 def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
     dec = ctx.export.decoding
     n_int, L = len(ctx.data.intents), ctx.max_len
@@ -52,8 +61,8 @@ def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
         "outputs": ["intent", "confidence"] + (["tags"] if ctx.data.has_slots else []),
         # The graph decodes: intent id (the id after the last intent is the reserved oos answer unless the data
         # has its own oos class), its confidence over the allowed intents, and one BIO tag id per word.
-        "decoding": {k: dec.get(k) for k in ("policy", "score", "threshold", "temperature", "oos_id", "allowed_intents")}
-        | {"oos_answer": ctx.data.oos_label or OOS},
+        "decoding": {k: dec.get(k) for k in ("policy", "score", "threshold", "temperature", "oos_id")}
+        | {"allowed_intents": answerable(ctx.labels, dec), "oos_answer": ctx.data.oos_label or OOS},
         "models": {r: MODEL_FILES[r] for r in ctx.target.runtimes},
         # Length buckets: one method per fixed length (shortest first); an app runs the shortest that holds the
         # utterance's pieces, with its inputs cut to that length. "forward" is the full length.
