@@ -99,17 +99,17 @@ def stage_cache(tmp_path_factory):
         os.environ["EDGEKIT_CACHE"] = old
 
 
-# Test files by their cost in CI (seconds at one thread; measured with `--durations=0` on 2026-12-05, a 2-core AMD
-# EPYC; serve/test_web.py's browser tests, skipped there without Chromium, estimated), longest first. With
-# `--dist loadfile --no-loadscope-reorder` (Makefile) the two workers take files in this order, so the long ones
-# start first and neither worker idles at the end while the other runs a long file.
-COST_S = {"test_integration.py": 305, "engine/test_pipeline.py": 295, "converters/test_quantize.py": 280,
-          "serve/test_serve.py": 230, "serve/test_faults.py": 125, "cli/test_cli_fuzz.py": 120,
-          "cli/test_cli.py": 105, "serve/test_web.py": 100, "engine/test_compress.py": 95, "test_golden.py": 90,
-          "converters/test_optimize_onnx.py": 85, "test_repro.py": 80, "converters/test_decoding.py": 70,
-          "runtime/test_contract.py": 65, "converters/test_export.py": 65, "tools/test_doctor.py": 60,
-          "runtime/test_package_json.py": 50, "runtime/test_buckets.py": 45, "data/test_readers_fuzzed.py": 35,
-          "runtime/test_bounds.py": 30, "runtime/test_package.py": 30, "text/test_normalizer.py": 20}
+# Test files by their cost in CI (seconds at one thread; measured with `--durations` and junit on 2026-12-05, a 2-core
+# AMD EPYC, browser tests included), longest first. With `--dist loadfile --no-loadscope-reorder` (Makefile) the two
+# workers take files in this order, so the long ones start first and neither worker idles at the end while the other
+# runs a long file.
+COST_S = {"test_integration.py": 305, "engine/test_pipeline.py": 285, "serve/test_serve.py": 200,
+          "converters/test_quantize.py": 195, "cli/test_cli_fuzz.py": 120, "serve/test_faults.py": 110,
+          "cli/test_cli.py": 95, "serve/test_web.py": 85, "engine/test_compress.py": 80,
+          "converters/test_optimize_onnx.py": 75, "test_repro.py": 75, "test_golden.py": 70, "tools/test_doctor.py": 60,
+          "converters/test_decoding.py": 50, "runtime/test_contract.py": 50, "converters/test_export.py": 50,
+          "runtime/test_buckets.py": 35, "data/test_readers_fuzzed.py": 30, "runtime/test_package_json.py": 30,
+          "runtime/test_package.py": 25, "runtime/test_rules.py": 20}
 
 
 def pytest_collection_modifyitems(items):
