@@ -1,3 +1,3 @@
 """edgekit: compress a pretrained encoder + an intent/slot dataset into an on-device package."""
 
-__version__ = "0.3.1"
+__version__ = "0.4.0"
