@@ -23,8 +23,8 @@ MODEL_FILES = {"executorch": "model.pte", "onnx": "model.onnx"}  # each runtime'
 SCHEMA_FILE = "manifest.schema.json"  # JSON Schema of the manifest: the runtime's copy, shipped in every package
 SCHEMA_PATH = Path(__file__).parent / SCHEMA_FILE
 SCHEMA_PATHS = {2: Path(__file__).parent / "manifest-2.schema.json", SCHEMA_VERSION: SCHEMA_PATH}
-MASK_DTYPES = {2: "bool", 3: "int32"}
-OUTPUT_DTYPES = {"intent": "int64", "confidence": "float32", "tags": "int64"}  # R8, both schema versions  # the element type of intent_mask and reject, by schema version
+MASK_DTYPES = {2: "bool", 3: "int32"}  # the element type of intent_mask and reject, by schema version
+OUTPUT_DTYPES = {"intent": "int64", "confidence": "float32", "tags": "int64"}  # R8, both schema versions
 LABELS_SCHEMA_PATH = Path(__file__).parent / "labels.schema.json"  # the runtime's own; packages do not ship it
 
 
@@ -111,6 +111,8 @@ def _as_ints(value, key: str = ""):
     counts with them, and `16.0` is the field 16 (R3)."""
     if isinstance(value, float) and value.is_integer() and key not in NUMBER_FIELDS:
         return int(value)
+    if key == "serve" and isinstance(value, dict):  # a table the schema leaves open: its one integer field
+        return {**value, **({"max_batch": _as_ints(value["max_batch"])} if "max_batch" in value else {})}
     if isinstance(value, dict):
         return {k: _as_ints(v, k) for k, v in value.items()}
     if isinstance(value, list):
@@ -174,6 +176,7 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
     want = _input_shapes(T, n_int, shapes[0][0] == "batch")
     dec = m["decoding"]
     facts = [  # what the schema cannot say: the fields agree with one another
+        ("inputs", len({s[0] == "batch" for s in shapes}) == 1, "'batch' on some inputs only (R9)"),
         ("primary_runtime", m["primary_runtime"] in models, f"{m['primary_runtime']!r} has no model in models"),
         ("buckets", set(buckets) <= set(models), "names a runtime that has no model"),
         ("buckets.executorch", lengths == sorted(set(lengths)), "not shortest first"),
@@ -211,7 +214,8 @@ def check_labels(labels: object, m: dict, where: str | Path = "labels.json") -> 
     if (oos is None) != (k == len(intents)) or (oos is not None and not intents[k] == oos == dec["oos_answer"]):
         raise PackageError(f"{where}: oos_label: {_short(oos)} does not agree with the manifest's decoding.oos_id "
                            f"{k} and oos_answer {_short(dec['oos_answer'])} (R13)")
-    unknown = next((x for x in dec["allowed_intents"] or [] if x not in set(intents)), None)
+    known = set(intents)
+    unknown = next((x for x in dec["allowed_intents"] or [] if x not in known), None)
     if unknown is not None:  # R14
         raise PackageError(f"{where}: intents: the manifest's decoding.allowed_intents names {_short(unknown)}, "
                            "which is not one of them")

@@ -1,6 +1,7 @@
-"""Two facts read from a package's protobuf files by walking their fields, without the libraries that run them:
-how many pieces `tokenizer.model` holds (SentencePiece's ModelProto) and which inputs `model.onnx` declares (ONNX's
-ModelProto). So `Package.load` (and `edgekit verify`, which loads no model) can hold the manifest to both.
+"""Facts read from a package's protobuf files by walking their fields, without the libraries that run them: the
+pieces, special pieces and normalizer name of `tokenizer.model` (SentencePiece's ModelProto) and the inputs and
+outputs `model.onnx` declares (ONNX's ModelProto). So `Package.load` (and `edgekit verify`, which loads no model)
+can hold the manifest to both (docs/package-format.md R5, R8).
 
 The walk is linear and iterative: length-delimited fields are skipped by their length, never copied, and a file
 that is not a protobuf is a ValueError saying where it stops making sense.
@@ -119,14 +120,6 @@ class _Blocks:
             self.at = i - i % self.BLOCK
             self.data = self._read(self.at, min(self.BLOCK, self.size - self.at))
         return self.data[i - self.at]
-
-
-def piece_count(path: str | Path) -> int:
-    """The pieces of a SentencePiece model file (ModelProto field 1, `pieces`): SentencePieceProcessor's
-    get_piece_size(). ValueError when the file is not a ModelProto."""
-    with open(path, "rb") as f:
-        buf = _Blocks(f)
-        return len(_parts(buf, [(0, len(buf))], 1))
 
 
 def sentencepiece_facts(path: str | Path, texts) -> tuple[int, str, dict[str, list[tuple[int, int]]]]:

@@ -36,9 +36,11 @@ class BadRequest(Exception):
         self.status = status
 
 
-def check_item(body: object, intents: list[str], limit: int, field_name: str = "text", decoding: bool = True) -> dict:
+def check_item(body: object, intents: list[str], limit: int, field_name: str = "text", decoding: bool = True,
+               answerable: set[str] | None = None) -> dict:
     """A /predict body (or one /predict_batch text, its `text` set) -> the item a replica answers; BadRequest
-    names the field (`field_name`). decoding: the package's graph takes an intent mask."""
+    names the field (`field_name`). decoding: the package's graph takes an intent mask. answerable: the intents
+    the graph can choose (docs/package-format.md R14; None: all)."""
     if not isinstance(body, dict):
         raise BadRequest(400, "the body must be a JSON object")
     text = body.get("text")
@@ -61,6 +63,9 @@ def check_item(body: object, intents: list[str], limit: int, field_name: str = "
         unknown = [a for a in allow if a not in intents]
         if unknown:
             raise BadRequest(422, f"allow_intents: unknown intent {unknown[0]!r}; known: {', '.join(intents)}")
+        if answerable is not None and answerable.isdisjoint(allow):
+            raise BadRequest(422, f"allow_intents: none of {allow!r} can be answered by this package "
+                                  "(decoding.allowed_intents)")
     reject = body.get("reject", True)
     if not isinstance(reject, bool):
         raise BadRequest(422, "reject: true or false")

@@ -40,6 +40,7 @@ class Replica:
         pkg = Package.load(root)  # every file's sha256, and the runtime's one reading of its JSON files
         self.intents = pkg.labels["intents"]
         self.decoding = bool(pkg.manifest.get("decoding"))  # the graph takes an intent mask (allow_intents)
+        self.answerable = None if pkg.answerable is None else set(pkg.answerable)  # R14
         runtime = "onnx" if "onnx" in pkg.manifest["models"] else pkg.manifest["primary_runtime"]
         self.pred = Predictor.open(pkg, runtime, threads=s.threads, providers=s.providers, spin=s.spin)
         self.id, self.metrics = uuid.uuid4().hex[:8], Metrics(self.pred.provider)
@@ -102,7 +103,7 @@ class Replica:
             raise BadRequest(400, f"malformed JSON: {type(e).__name__}: {e}"[:300]) from None
         if path == "/predict":
             return JSONResponse(await self._one(check_item(body, self.intents, s.max_text_chars,
-                                                           decoding=self.decoding)))
+                                                           decoding=self.decoding, answerable=self.answerable)))
         return JSONResponse({"results": await self._predict_batch(body)})
 
     async def _predict_batch(self, body: object) -> list[dict]:
@@ -115,8 +116,8 @@ class Replica:
             raise BadRequest(422, "texts: required, a non-empty list of strings")
         if len(texts) > s.max_batch:
             raise BadRequest(413, f"texts: {len(texts)} texts, at most {s.max_batch} per call")
-        items = [check_item({**body, "text": t}, self.intents, s.max_text_chars, "texts[]", self.decoding)
-                 for t in texts]
+        items = [check_item({**body, "text": t}, self.intents, s.max_text_chars, "texts[]", self.decoding,
+                            self.answerable) for t in texts]
         return await asyncio.gather(*(self._one(i) for i in items))
 
     async def __call__(self, request):

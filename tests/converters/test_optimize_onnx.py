@@ -178,6 +178,9 @@ def test_server_gpu_falls_back_to_cpu_with_one_warning_and_fp16_agrees(tmp_path,
         pred.predict("wake me up at seven")
     rep, fuse = fuse_record(out)
     assert fuse["extra"]["onnx"]["precision"] == "fp16"
+    from tests.runtime.test_element_types import assert_table_types
+
+    assert_table_types(out)  # FP16 inside, the table's types at the graph's edges (docs/package-format.md R8)
     assert fuse["extra"]["onnx"]["fused"].get("SkipLayerNormalization")  # [fuse] skip_layer_norm = true: CUDA's kernel
     assert "onnx_disabled_optimizers" not in json.loads((out / "manifest.json").read_text())
     assert fuse["extra"]["onnx"]["agreement"] >= 0.995 and fuse["extra"]["onnx"]["checked"] > 0

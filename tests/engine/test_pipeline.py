@@ -28,7 +28,10 @@ def built(tmp_path_factory, tiny_bert):
 
 
 def test_report_contract(built):
+    from tests.runtime.test_element_types import assert_table_types
+
     out, rep = built
+    assert_table_types(out)  # an android package: int64, int32 and float32 only (docs/package-format.md R8)
     on_disk = json.loads((out / "report.json").read_text())
     assert on_disk["stages"] == rep["stages"]
     assert [s["name"] for s in rep["stages"]] == ["teacher", "export", "package"]

@@ -30,14 +30,15 @@ CALL_BOUND_S = 2.0  # a generous bound on one call (they take milliseconds): it 
 
 
 def build_small(out: Path, tiny_bert: Path) -> Path:
-    """A small package of the tiny BERT in `out`: a SentencePiece vocabulary, one length, both runtimes. Built once
+    """A small iPhone package (the ios profile: android's passes, ExecuTorch and ONNX Runtime) of the tiny BERT in
+    `out`: a SentencePiece vocabulary, one length, both runtimes. Built once
     a test process (in a folder of its own beside the tiny BERT's) and copied to `out` for each module that asks
     (test_contract.py, test_package_json.py, tests/cli/test_cli_fuzz.py too): each may change its copy."""
     import shutil
 
     built = tiny_bert.parent / f"small-package-of-{tiny_bert.name}"
     if not (built / "manifest.json").is_file():
-        build(BuildConfig(data=str(DEMO), out=str(built), base_model=str(tiny_bert),
+        build(BuildConfig(data=str(DEMO), out=str(built), base_model=str(tiny_bert), target="ios",
                           stages=["teacher", "trim_vocab", "export", "package"],
                           settings={"teacher": {"epochs": 2, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2},
                                     "package": {"buckets": [], "bench_utterances": 0},  # one length; no latency

@@ -30,7 +30,7 @@ def decoded_inputs(n_pieces: int, seed: int = 0) -> list[np.ndarray]:
     mask = np.zeros((1, T), np.int64)
     mask[0, :n_pieces] = 1
     word_index = [-1] + list(range(n_pieces - 2)) + [-1] * (T - n_pieces + 1)
-    return [ids, mask, word_positions(word_index).reshape(1, -1), np.ones(len(INTENTS), bool), np.asarray([True])]
+    return [ids, mask, word_positions(word_index).reshape(1, -1), np.ones(len(INTENTS), np.int32), np.asarray([1], np.int32)]
 
 
 def test_bucketed_picks_the_shortest_length_that_holds_the_utterance_and_cuts_inputs():

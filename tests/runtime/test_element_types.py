@@ -1,8 +1,9 @@
 """Schema 3's graphs take and give only element types every phone and web binding creates (int64, int32,
 float32: docs/package-format.md, "Element types"). The package stage checks each graph it ships and records what it
-found (report: package.element_types); here, a small android-layout package on both runtimes. Every build in the
-suite runs the same check: android (tests/engine/test_pipeline.py), web (tests/serve/test_web.py), server-cpu
-(tests/serve/test_serve.py), server-gpu (tests/converters/test_optimize_onnx.py), ios below."""
+found (report: package.element_types); here, a small ios package (tests/runtime/test_bounds.py build_small) on both
+runtimes, read back from its files. Every build in the suite runs the same check, and these builds record it:
+android (tests/engine/test_pipeline.py), web (tests/serve/test_web.py), server-cpu (tests/serve/test_serve.py),
+server-gpu (tests/converters/test_optimize_onnx.py)."""
 
 import json
 
@@ -33,3 +34,16 @@ def test_every_input_and_output_has_a_type_from_the_table(pkg, runtime):
     assert package["element_types"][runtime] == types  # recorded by the build
     m = Package.load(pkg).manifest
     assert [i["dtype"] for i in m["inputs"]] == WANT["inputs"] and m["schema_version"] == 3
+    assert m["profile"] == "ios"
+
+
+def assert_table_types(pkg_dir) -> None:
+    """The package's graphs, as its build recorded them and as its files declare them, use the table's types in
+    the order WANT gives (phone and server packages alike). The android, web, server-cpu and server-gpu tests
+    call this on their builds."""
+    report = json.loads((pkg_dir / "report.json").read_text())
+    recorded = next(p for p in report["passes"] if p["name"] == "package")["extra"]["package"]["element_types"]
+    for runtime, graphs in recorded.items():
+        assert graphs == check_element_types(pkg_dir / MODEL_FILES[runtime]), runtime
+        n = len(Package.load(pkg_dir).manifest["outputs"])
+        assert all(sides == {"inputs": WANT["inputs"], "outputs": WANT["outputs"][:n]} for sides in graphs.values())

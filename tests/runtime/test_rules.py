@@ -7,6 +7,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edgekit.runtime import Package, Predictor
@@ -62,6 +63,7 @@ def test_r3_an_integer_field_is_its_value_however_written(tmp_path, written):
     pkg = Package.load(root)
     assert pkg.max_len == 16 and type(pkg.manifest["max_len"]) is int and type(pkg.manifest["decoding"]["oos_id"]) is int
     assert pkg.manifest["decoding"]["threshold"] == 0.5 and pkg.manifest["cascade"]["timeout_s"] == 0.3
+    assert type(pkg.manifest["decoding"]["temperature"]) is float  # a number field stays a double, 1.0 included
 
 
 @pytest.mark.parametrize("version,ok", [(2, True), (3, False)])
@@ -130,12 +132,23 @@ def test_r8_the_onnx_graphs_outputs_have_the_tables_types(tmp_path, outputs, wor
     refused(write_package(tmp_path / "p", model=onnx_graph(inputs, outputs)), words)
 
 
-@pytest.mark.parametrize("k,shape", [(0, [16]), (4, [2]), (4, [1, 1]), (3, [1, 2]), (0, ["batch", 16])])
-def test_r9_each_input_has_its_columns_shape(tmp_path, k, shape):
-    root = write_package(tmp_path / "p")
+@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("k,shape,words", [(0, [16], "(R9)"), (4, [2], "(R9)"), (4, [1, 1], "(R9)"),
+                                           (3, [1, 2], "(R9)"), (0, ["batch", 16], "'batch' on some inputs only")])
+def test_r9_each_input_has_its_columns_shape(tmp_path, version, k, shape, words):
+    """Schema 3's schema fixes each input's rank and first dimension; check_manifest holds schema 2 manifests (whose
+    schema does not) to the same table."""
+    root = write_package(tmp_path / "p", version=version)
     edit_manifest(root, lambda m: m["inputs"][k].update(shape=shape))
-    with pytest.raises(PackageError, match=r"manifest.json: inputs[.:]"):
+    with pytest.raises(PackageError, match=r"manifest.json: inputs[.:]") as e:
         Package.load(root)
+    assert version == 3 or words in str(e.value), str(e.value)
+
+
+def test_r8_a_schema_3_manifest_over_a_graph_with_bool_masks_is_refused(tmp_path):
+    inputs = json.loads((write_package(tmp_path / "q", version=2) / "manifest.json").read_text())["inputs"]
+    refused(write_package(tmp_path / "p", model=onnx_graph(inputs)),
+            "input intent_mask is bool [2] in the graph, the manifest's inputs.3 says int32 [2]")
 
 
 def test_r11_bucket_methods_differ(tmp_path):
@@ -202,8 +215,38 @@ def test_r14_an_allow_list_outside_what_the_graph_can_answer_is_refused(fixture_
         p.predict("play queen", allow_intents=[intents[5]])
     with pytest.raises(ValueError, match="allow_intents\\[1\\]: none of"):
         p.predict_batch(["play queen", "wake me up"], allow_intents=[[intents[0]], [intents[5]]])
-    both = p.predict("play queen", allow_intents=[intents[0], intents[5]])  # a name outside G is accepted
-    assert both["intent"] in intents + ["oos"]
+    p.predict("play queen", allow_intents=[intents[0], intents[5]])  # a name outside G is accepted
+
+
+class Answers:
+    """A backend that answers what it is given (intent id, confidence, tag ids), as a graph with other ids would."""
+
+    def __init__(self, k: int, tags: list[int]):
+        self.k, self.tags = k, tags
+
+    def run(self, *inputs):
+        T = inputs[0].shape[-1]
+        tags = np.asarray([self.tags + [999] * (T - len(self.tags))], np.int64)  # (1, T): garbage past the words
+        return [np.asarray([self.k], np.int64), np.asarray([0.9], np.float32), tags]
+
+
+@pytest.mark.parametrize("k,tags,oos_id,want", [
+    (10, [0, 0], 10, "oos"),  # the reserved id: oos_answer; the columns past the 2 words hold 999, never read
+    (2, [1, 2], 10, None),
+    (11, [0, 0], 10, "intents has 10 names (decoding.oos_id 10), the graph answered intent id 11"),
+    (-1, [0, 0], 10, "intents has 10 names (decoding.oos_id 10), the graph answered intent id -1"),
+    (10, [0, 0], 3, "intents has 10 names (decoding.oos_id 3), the graph answered intent id 10"),
+    (0, [0, 31], 10, "slot_tags has 31 names, the graph answered tag id 31"),
+])
+def test_r12_the_predictor_refuses_ids_out_of_range(fixture_copy, k, tags, oos_id, want):
+    p = Predictor.open(fixture_copy, "onnx")
+    p.backend, p.oos_id = Answers(k, tags), oos_id
+    if want is None or want == "oos":
+        ans = p.predict("play queen")
+        assert ans["intent"] == (want or p.labels["intents"][k]) and len(ans["tags"]) == 2
+    else:
+        with pytest.raises(PackageError, match=re.escape(want)):
+            p.predict("play queen")
 
 
 def test_r14_the_build_writes_what_the_graph_can_choose():
@@ -230,3 +273,4 @@ def test_r3_an_integer_a_double_cannot_hold_is_refused_as_1e400_is(tmp_path):
     raw = (root / "manifest.json").read_text()
     (root / "manifest.json").write_text(raw.replace('"timeout_s": 0.3', '"timeout_s": ' + "9" * 400))
     refused(root, "invalid JSON (99999999999999999999... is out of the range of a double)")
+

@@ -200,6 +200,12 @@ def replica_log(server) -> str:
     return "".join(f.read_text() for f in files)
 
 
+def test_the_served_package_uses_the_tables_element_types(package):
+    from tests.runtime.test_element_types import assert_table_types
+
+    assert_table_types(package)  # a server-cpu package: a batch axis, the same types (docs/package-format.md R8)
+
+
 def test_the_access_log_is_a_setting_of_the_deployment(package):
     from edgekit.serve import app as srv
     from edgekit.serve.settings import ServeSettings

@@ -212,3 +212,16 @@ def test_an_address_this_machine_cannot_listen_on_is_one_line_before_ray_starts(
         check_port("203.0.113.77", port)
     with pytest.raises(EdgekitError, match="--host nosuchhost.invalid"):
         check_port("nosuchhost.invalid", port)
+
+
+def test_r14_edgekit_serve_answers_an_allow_list_outside_g_with_422_not_500():
+    """The server checks each item before a replica's batch runs (edgekit.serve.app.check_item): a list the graph
+    can answer none of is the caller's error, 422 with R14's message, as Predictor.allowed raises it."""
+    from edgekit.serve.app import BadRequest, check_item
+
+    intents, g = ["a", "b", "oos"], {"a", "b"}
+    assert check_item({"text": "hi", "allow_intents": ["oos", "a"]}, intents, 100, answerable=g)["allow_intents"]
+    with pytest.raises(BadRequest) as e:
+        check_item({"text": "hi", "allow_intents": ["oos"]}, intents, 100, answerable=g)
+    assert e.value.status == 422 and str(e.value) == ("allow_intents: none of ['oos'] can be answered by this package "
+                                                      "(decoding.allowed_intents)")

@@ -149,6 +149,9 @@ def test_web_refuses_a_missing_package_a_bad_port_and_a_missing_bundle(tmp_path,
 
 
 def test_the_report_describes_the_model_the_page_runs(pkg):
+    from tests.runtime.test_element_types import assert_table_types
+
+    assert_table_types(pkg)  # a web package: int64, int32 and float32 only (docs/package-format.md R8)
     rep = json.loads((pkg / "report.json").read_text())
     q = next(p for p in rep["passes"] if p["name"] == "export")["extra"]["onnx"]["extra"]["quantize"]
     assert q["method"] == "weight_only" and q["quantized_matmuls"] > 0 and q["embedding"]
