@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.runtime.package import PackageError
-from edgekit.runtime.protofile import onnx_inputs, onnx_outputs
+from edgekit.runtime.protofile import ONNX_DTYPES, onnx_inputs, onnx_outputs
 from edgekit.runtime.tokenizer import Encoding
 
-# name -> the code each format writes for it (ONNX TensorProto.DataType, ExecuTorch ScalarType)
-ELEMENT_TYPES = {"int64": {"onnx": 7, "executorch": 4}, "int32": {"onnx": 6, "executorch": 3},
-                 "float32": {"onnx": 1, "executorch": 6}}
+# name -> the code each format writes for it (ONNX TensorProto.DataType, as protofile reads it; ExecuTorch ScalarType)
+ELEMENT_TYPES = {name: {"onnx": ONNX_DTYPES[name], "executorch": code}
+                 for name, code in {"int64": 4, "int32": 3, "float32": 6}.items()}
 OTHER_NAMES = {"onnx": {9: "bool", 2: "uint8", 3: "int8", 10: "float16", 11: "float64"},
                "executorch": {11: "bool", 0: "uint8", 1: "int8", 5: "float16", 7: "float64"}}
 

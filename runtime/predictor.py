@@ -167,6 +167,13 @@ def onnx_options(pkg: Package, providers: list[str] | None = None) -> dict:
             "disabled_optimizers": pkg.onnx_disabled_optimizers}
 
 
+def check_answerable(name: str, names: list[str], answerable: set[str] | None) -> None:
+    """ValueError when an allow list names no intent the graph can choose (docs/package-format.md R14; answerable
+    None: every intent). `edgekit serve` checks a request's list with it too."""
+    if answerable is not None and answerable.isdisjoint(names):
+        raise ValueError(f"{name}: none of {shown(names)} can be answered by this package (decoding.allowed_intents)")
+
+
 class Predictor:
     """`Predictor.open("build/snips-android").predict("play queen")` -> {"intent", "confidence", "slots"}."""
 
@@ -247,9 +254,7 @@ class Predictor:
         unknown = [a for a in names if a not in intents]
         if unknown:
             raise ValueError(f"{name}: unknown intent {shown(unknown[0])}; the package knows: {', '.join(intents)}")
-        if self.answerable is not None and self.answerable.isdisjoint(names):  # R14: the graph could answer none
-            raise ValueError(f"{name}: none of {shown(names)} can be answered by this package "
-                             "(decoding.allowed_intents)")
+        check_answerable(name, names, self.answerable)
         return names, np.asarray([i in names for i in intents], dtype=bool)
 
     def encode(self, text: str, warn: bool = True) -> Encoding:

@@ -122,21 +122,39 @@ class _Blocks:
         return self.data[i - self.at]
 
 
+def _piece(buf, start: int, end: int) -> tuple[str, int]:
+    """A SentencePiece message's text (field 1, last wins, default "") and type (field 3, default 1), in one walk.
+    A piece of the usual few bytes is copied out first: indexing bytes is far cheaper than `_Blocks`."""
+    if end - start <= 1024:
+        buf, start, end = buf[start:end], 0, end - start
+    text, kind = "", 1
+    for n, wire, v in fields(buf, start, end):
+        if n == 1 and wire == 2:
+            text = _text(buf, v)
+        elif n == 3 and wire == 0:
+            kind = v
+    return text, kind
+
+
 def sentencepiece_facts(path: str | Path, texts) -> tuple[int, str, dict[str, list[tuple[int, int]]]]:
     """What docs/package-format.md R5 checks in a SentencePiece model file: its piece count, its normalizer's name
     (NormalizerSpec field 1 in ModelProto field 3, the last value winning; "" when absent) and, for each of
     `texts`, every (id, type) of a piece with that text (SentencePiece field 1, default ""; field 3, default 1)."""
-    wanted = set(texts)
+    found: dict[str, list[tuple[int, int]]] = {t: [] for t in texts}
     with open(path, "rb") as f:
         buf = _Blocks(f)
-        pieces = _parts(buf, [(0, len(buf))], 1)
-        found: dict[str, list[tuple[int, int]]] = {t: [] for t in wanted}
-        for k, span in enumerate(pieces):
-            text = _scalar(buf, [span], 1, text=True) or ""
-            if text in wanted:
-                found[text].append((k, _scalar(buf, [span], 3) or 1))
-        name = _scalar(buf, _parts(buf, [(0, len(buf))], 3), 1, text=True) or ""
-        return len(pieces), name, found
+        pieces, specs = 0, []
+        for n, wire, v in fields(buf):  # one walk of the top level: pieces (1) and the normalizer spec (3)
+            if n in (1, 3) and wire != 2:
+                raise ValueError(f"field {n} is wire type {wire}, not a message")
+            if n == 1:
+                text, kind = _piece(buf, *v)
+                if text in found:
+                    found[text].append((pieces, kind))
+                pieces += 1
+            elif n == 3:
+                specs.append(v)
+        return pieces, _scalar(buf, specs, 1, text=True) or "", found
 
 
 def _dims(buf, tensor: list[tuple[int, int]]) -> list | None:

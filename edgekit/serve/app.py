@@ -63,9 +63,12 @@ def check_item(body: object, intents: list[str], limit: int, field_name: str = "
         unknown = [a for a in allow if a not in intents]
         if unknown:
             raise BadRequest(422, f"allow_intents: unknown intent {unknown[0]!r}; known: {', '.join(intents)}")
-        if answerable is not None and answerable.isdisjoint(allow):
-            raise BadRequest(422, f"allow_intents: none of {allow!r} can be answered by this package "
-                                  "(decoding.allowed_intents)")
+        from edgekit.runtime.predictor import check_answerable  # the replica has it loaded already
+
+        try:
+            check_answerable("allow_intents", allow, answerable)
+        except ValueError as e:
+            raise BadRequest(422, str(e)) from None
     reject = body.get("reject", True)
     if not isinstance(reject, bool):
         raise BadRequest(422, "reject: true or false")
