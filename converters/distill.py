@@ -37,7 +37,9 @@ class DistillInputs:
     labels: dict
     max_len: int = 128  # the package's sequence length
     # Teacher hidden-state index (0 = embeddings, k = after layer k) matched by each student layer's output;
-    # None: no hidden-state matching. Set from the layers pruning kept.
+    # None: no hidden-state matching. Set from the layers pruning kept, or `uniform_layers` for another encoder.
+    # A teacher of another width (MPNet-base's 768 against a MiniLM student's 384) is met through a learned
+    # projection of each student layer (discarded after training).
     layer_map: list[int] | None = None
     # Dev metrics of a model, used to keep the best epoch (the build passes its own evaluation: the decoding
     # graph the package ships). None: plain per-word argmax.
@@ -113,6 +115,18 @@ def continues_word(tokenizer) -> list[bool]:
             for i in range(sp.get_piece_size())]
 
 
+def uniform_layers(teacher_layers: int, student_layers: int) -> list[int]:
+    """A layer map for a student distilled from a deeper encoder: student layer k matches teacher layer
+    round((k + 1) * L_t / L_s), so the last layers meet (12 -> 4: [3, 6, 9, 12])."""
+    return [round((k + 1) * teacher_layers / student_layers) for k in range(student_layers)]
+
+
+def projections(student: JointModel, teacher: JointModel, layers: int) -> torch.nn.ModuleList | None:
+    """One (H_s -> H_t) linear map per matched layer where the widths differ, else None."""
+    hs, ht = student.cfg.hidden, teacher.cfg.hidden
+    return None if hs == ht else torch.nn.ModuleList(torch.nn.Linear(hs, ht, bias=False) for _ in range(layers))
+
+
 def _word_positions(feats, i: int) -> list[int]:
     """Positions of each kept word's first piece in example i (word order)."""
     return [p for p, w in enumerate(feats.encodings[i].word_index) if w >= 0]
@@ -172,12 +186,15 @@ def distill(model: JointModel, inputs: DistillInputs, cfg: DistillConfig) -> Pas
     if layer_map is not None and len(layer_map) != model.cfg.layers:
         raise ValueError(f"layer_map has {len(layer_map)} entries for a {model.cfg.layers}-layer student")
     t_intent, t_words, t_hidden = teacher_targets(x.teacher, t_feats, x.teacher_tokenizer.pad_id, layer_map)
+    proj = projections(model, x.teacher, len(layer_map)) if layer_map else None
     s_pos = [_word_positions(s_feats, i) for i in range(len(s_feats.ids))]
     t_pos_n = [_word_positions(t_feats, i) for i in range(len(t_feats.ids))]
     tag_id = {t: k for k, t in enumerate(x.labels["slot_tags"])}
     word_tags = [[tag_id.get(t, IGNORE) for t in (ex.tags or [])] for ex in train]
     groups = [{"params": [p for p in model.parameters() if p.ndim >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}]
+    if proj is not None:
+        groups.append({"params": list(proj.parameters()), "weight_decay": 0.0})
     lengths = [len(x) for x in s_feats.ids]  # batches grouped by length: less padding per step
 
     def step_loss(idx):
@@ -192,7 +209,8 @@ def distill(model: JointModel, inputs: DistillInputs, cfg: DistillConfig) -> Pas
             b_idx = torch.tensor([b for b, k in enumerate(n) for _ in range(k + 1)], dtype=torch.long)
             p_idx = torch.tensor([p for i, k in zip(idx, n) for p in [0] + s_pos[i][:k]], dtype=torch.long)
             target = torch.cat([t_hidden[i][:, : k + 1].float() for i, k in zip(idx, n)], 1)  # (L, W, H)
-            got = torch.stack([st[b_idx, p_idx] for st in states[1:]]).float()  # (L, W, H)
+            got = [st[b_idx, p_idx] for st in states[1:]]  # L x (W, H_s)
+            got = torch.stack([f(g) for f, g in zip(proj, got)] if proj is not None else got).float()  # (L, W, H_t)
             loss = loss + cfg.hidden_weight * F.mse_loss(got, target)
         if len(out) > 1:
             b_idx = torch.tensor([b for b, k in enumerate(n) for _ in range(k)], dtype=torch.long)
@@ -215,6 +233,7 @@ def distill(model: JointModel, inputs: DistillInputs, cfg: DistillConfig) -> Pas
     rec.extra.update(curve=curve, temperature=cfg.temperature, alpha=cfg.alpha, epochs=cfg.epochs, lr=cfg.lr,
                      augmented=len(train) - len(x.train), novel_share=cfg.novel,
                      novel_words=len(novel or []), word_pool=model.cfg.word_pool,
-                     hidden_weight=cfg.hidden_weight if layer_map else 0.0, layer_map=layer_map)
+                     hidden_weight=cfg.hidden_weight if layer_map else 0.0, layer_map=layer_map,
+                     hidden_projection=[model.cfg.hidden, x.teacher.cfg.hidden] if proj is not None else None)
     rec.seconds = time.perf_counter() - t0
     return PassResult(model, rec)

@@ -149,6 +149,9 @@ def prune(model: JointModel, batches: list, loss_fn, cfg: PruneConfig) -> PassRe
     t0 = time.perf_counter()
     if not batches:
         raise ValueError("prune needs task batches")
+    if model.rel is not None:  # every layer reads one (buckets, heads) table: a layer cannot lose heads alone
+        raise ValueError("an encoder with a shared relative-position bias (MPNet) cannot be pruned; the device "
+                         "student is pruned from a MiniLM-derived model")
     rec = PassRecord("prune", params_before=count_params(model), bytes_before=param_bytes(model))
     before = count_params(model, embeddings=False)
     heads, ffn = importance(model, batches, loss_fn)

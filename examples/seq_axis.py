@@ -24,7 +24,7 @@ from edgekit.converters.fuse import FuseConfig
 from edgekit.converters.optimize_onnx import ServerConfig, optimize_onnx
 from edgekit.data.dataset import load_dataset
 from edgekit.engine.runner import choose_max_len
-from edgekit.modeling.model import default_base_model, load_pretrained
+from edgekit.modeling.pretrained import base_folder, load_pretrained
 from edgekit.runtime.backends import cut
 from edgekit.text.wordpiece import WordPieceTokenizer
 
@@ -58,7 +58,7 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     data = load_dataset(a.data)
-    base = default_base_model()
+    base = base_folder("minilm")
     tok = WordPieceTokenizer.from_file(base / "vocab.txt")
     max_len, stats = choose_max_len(tok, [ex.text for ex in data.splits["train"]], 512)
     model = load_pretrained(base, len(data.intents), len(data.slot_tags)).eval()

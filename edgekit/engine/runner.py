@@ -26,7 +26,7 @@ from edgekit.engine.keys import input_digest, key_of
 from edgekit.engine.report import finish, plots_listed, report, torch_threads, write
 from edgekit.engine.results import ModelResult, StageResult, result_type
 from edgekit.errors import EdgekitError
-from edgekit.modeling.model import base_config, default_base_model
+from edgekit.modeling.pretrained import base_config, base_folder, max_positions, specials
 from edgekit.text.vocab import from_wordpiece
 from edgekit.text.wordpiece import WordPieceTokenizer
 
@@ -62,13 +62,16 @@ def prepare(cfg: BuildConfig) -> Context:
         raise EdgekitError(f"train_threads must be >= 1, got {cfg.train_threads}")
     data = load_dataset(cfg.data, cfg.format, cfg.seed)
     check_trainable(data)  # refuse data that cannot train or be scored now, not after the first epoch
-    base = Path(cfg.base_model) if cfg.base_model else default_base_model()
-    hf = base_config(base)
     cache = StageCache(default_dir(cfg.cache))
-    tokenizer, rows = from_wordpiece(WordPieceTokenizer.from_file(base / "vocab.txt").vocab,
-                                     cache_dir=cache.root / "normalizer")
+    base = base_folder(cfg.base_model, cache.root / "models")
+    hf = base_config(base)
+    try:
+        tokenizer, rows = from_wordpiece(WordPieceTokenizer.from_file(base / "vocab.txt", specials=specials(base)).vocab,
+                                         cache_dir=cache.root / "normalizer", specials=specials(base))
+    except ValueError as e:
+        raise EdgekitError(f"{base / 'vocab.txt'}: {e}") from None
     texts = [ex.text for s in ("train", "dev") for ex in data.splits[s]]
-    max_len, stats = choose_max_len(tokenizer, texts, hf["max_position_embeddings"], target.bucket_percentiles)
+    max_len, stats = choose_max_len(tokenizer, texts, max_positions(hf), target.bucket_percentiles)
     pk = settings.package
     if pk.max_len:
         max_len = stats["max_len"] = pk.max_len

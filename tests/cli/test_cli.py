@@ -225,6 +225,7 @@ def test_unreadable_profile_config_base_model_or_cache_is_one_line(tmp_path, tin
     assert_one_line_error(build("--base-model", str(base)), "config.json: num_attention_heads must be a positive")
     (base / "config.json").unlink()
     assert_one_line_error(build("--base-model", str(base)), "config.json: missing")
+    assert_one_line_error(build("--base-model", "nosuch"), "--base-model nosuch: neither a folder nor one of minilm, mpnet")
     blocked = tmp_path / "cache-file"
     blocked.write_text("a file, not a folder")
     assert_one_line_error(build("--base-model", str(tiny_bert), "--cache", str(blocked)), "--cache", str(blocked),

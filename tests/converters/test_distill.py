@@ -145,3 +145,34 @@ def test_distill_augments_intent_only_data_by_replacing_words():
                            max_len=32)
     rec = distill(copy.deepcopy(m), inputs, DistillConfig(epochs=1, augment=0.5, hidden_weight=0.0)).record
     assert rec.extra["augmented"] == 50
+
+
+def test_distill_from_a_wider_deeper_mpnet_teacher_with_another_tokenizer():
+    """Across architectures and tokenizers: a 4-layer, 32-wide MPNet-style teacher (relative bias, no token types)
+    over a larger vocabulary teaches a 2-layer, 16-wide BERT student; hidden states meet through learned projections
+    that the student does not keep."""
+    from edgekit.converters.distill import uniform_layers
+
+    data = load_dataset(DEMO)
+    labels = labels_of(data)
+    words = sorted({w.lower() for ex in data.splits["train"] for w in ex.words})
+    t_tok, t_rows = from_wordpiece(make_vocab(words))
+    s_tok, s_rows = from_wordpiece(make_vocab(words[::2]))  # the student's vocabulary splits every other word
+    torch.manual_seed(0)
+    teacher = JointModel(ModelConfig(vocab_size=len(make_vocab(words)), hidden=32, heads=[4] * 4, ffn=[64] * 4,
+                                     head_dim=8, n_intents=len(data.intents), n_slots=len(data.slot_tags), dropout=0.0,
+                                     token_types=False, rel_buckets=32))
+    gather_embeddings(teacher, t_rows)
+    student = JointModel(ModelConfig(vocab_size=len(make_vocab(words[::2])), hidden=16, heads=[2] * 2, ffn=[32] * 2,
+                                     head_dim=8, n_intents=len(data.intents), n_slots=len(data.slot_tags), dropout=0.0))
+    gather_embeddings(student, s_rows)
+    keys = set(student.state_dict())
+    assert uniform_layers(4, 2) == [2, 4] and uniform_layers(12, 4) == [3, 6, 9, 12]
+    inputs = DistillInputs(teacher=teacher.eval(), teacher_tokenizer=t_tok, student_tokenizer=s_tok,
+                           train=data.splits["train"][:150], dev=data.splits["dev"][:20], labels=labels, max_len=32,
+                           layer_map=uniform_layers(4, 2))
+    res = distill(student, inputs, DistillConfig(epochs=2, lr=3e-3, augment=0.0, novel=0.0))
+    curve = res.record.extra["curve"]
+    assert res.record.extra["hidden_projection"] == [16, 32] and res.record.extra["hidden_weight"] == 1.0
+    assert curve[-1]["train_loss"] < curve[0]["train_loss"]
+    assert set(res.model.state_dict()) == keys  # the projections are not the student's

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from edgekit.errors import EdgekitError
-from edgekit.modeling.model import JointModel, ModelConfig, count_params, load_model, load_pretrained, save_model
+from edgekit.modeling.model import JointModel, ModelConfig, count_params, load_model, save_model
+from edgekit.modeling.pretrained import load_pretrained
 
 
 def test_forward_shapes_and_padding_invariance():

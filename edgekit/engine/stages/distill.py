@@ -38,7 +38,7 @@ def _try(ctx: Context, attempt: int, target: int) -> tuple:
         r = entry.result
         return (load_model(entry.path / "model.safetensors"), PassRecord.from_dict(r["record"]), r["dev"], r["prune"],
                 key)
-    seed_everything(ctx.cfg.seed)
+    seed_everything(ctx.settings.distill.seed)  # --seed, or distill.seed for the student alone
     if ctx.prune is None:  # no pruning in this build: distil into a copy of the previous model
         student, kept, prune_rec = source.model, None, None
     elif attempt == 0 or target == ctx.prune.target_params:

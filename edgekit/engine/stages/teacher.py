@@ -7,7 +7,8 @@ import time
 from edgekit.engine.context import Context
 from edgekit.engine.measure import choose_intent_slots, measure
 from edgekit.engine.results import TeacherResult, stage_row
-from edgekit.modeling.model import count_params, gather_embeddings, load_pretrained
+from edgekit.modeling.model import count_params, gather_embeddings
+from edgekit.modeling.pretrained import load_pretrained
 from edgekit.modeling.training import train_teacher
 
 
