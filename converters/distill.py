@@ -117,8 +117,8 @@ def continues_word(tokenizer) -> list[bool]:
 
 def uniform_layers(teacher_layers: int, student_layers: int) -> list[int]:
     """A layer map for a student distilled from a deeper encoder: student layer k matches teacher layer
-    round((k + 1) * L_t / L_s), so the last layers meet (12 -> 4: [3, 6, 9, 12])."""
-    return [round((k + 1) * teacher_layers / student_layers) for k in range(student_layers)]
+    (k + 1) * L_t / L_s rounded half up, so the last layers meet (12 -> 4: [3, 6, 9, 12])."""
+    return [math.floor((k + 1) * teacher_layers / student_layers + 0.5) for k in range(student_layers)]
 
 
 def projections(student: JointModel, teacher: JointModel, layers: int) -> torch.nn.ModuleList | None:

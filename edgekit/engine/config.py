@@ -310,10 +310,12 @@ def resolve(cfg: BuildConfig) -> tuple[Target, Settings]:
             batch_from = origin
         for name, values in layer.items():
             tables[name] = merge_tables(tables[name], values)
-    # The common flags come last: --seed seeds every pass, unless distill.seed is set (seeds of the student alone, on
-    # one teacher: only distillation and what follows it run again). A quick teacher (steps_limit) makes a quick student.
+    # The common flags come last: --seed seeds every pass, unless distill.seed is set (seeds of the student alone,
+    # on one teacher: only distillation and what follows it run again). A quick teacher (steps_limit) makes a quick
+    # student.
     tables["teacher"]["seed"] = cfg.seed
-    tables["distill"].setdefault("seed", cfg.seed)
+    if tables["distill"].get("seed") is None:  # unset, or `none`: --seed
+        tables["distill"]["seed"] = cfg.seed
     tables["distill"].setdefault("steps_limit", tables["teacher"].get("steps_limit"))
     settings = Settings(**{name: _table(name, tables[name]) for name in TABLES})
     stages = list(cfg.stages or target.stages)

@@ -79,7 +79,11 @@ def data_files(path: str, out: str) -> list[Path]:
     return files
 
 
-def input_digest(data: str, out: str, base: Path) -> str:
-    """The first stage's input key: the data files and the base model's files."""
+def input_digest(data: str, out: str, base: Path, specials: dict | None = None) -> str:
+    """The first stage's input key: the data files and the base model's files; and the special pieces where they
+    are not BERT's (they decide which rows [CLS] and [SEP] read), so that BERT-family keys stay as they were."""
+    from edgekit.text.wordpiece import BERT_SPECIALS
+
     base_files = [base / n for n in ("config.json", "model.safetensors", "vocab.txt")]
-    return digest_files(data_files(data, out) + base_files)
+    digest = digest_files(data_files(data, out) + base_files)
+    return digest if specials in (None, BERT_SPECIALS) else stage_key("input", {"specials": specials}, digest)

@@ -65,9 +65,14 @@ def prepare(cfg: BuildConfig) -> Context:
     cache = StageCache(default_dir(cfg.cache))
     base = base_folder(cfg.base_model, cache.root / "models")
     hf = base_config(base)
+    if hf["model_type"] == "mpnet" and "prune" in target.stages:
+        raise EdgekitError(f"--base-model {cfg.base_model}: an MPNet model cannot be pruned, and --target "
+                           f"{target.name} prunes; build it for server-cpu or server-gpu, or give --stages "
+                           "without prune")
+    sp = specials(base)
     try:
-        tokenizer, rows = from_wordpiece(WordPieceTokenizer.from_file(base / "vocab.txt", specials=specials(base)).vocab,
-                                         cache_dir=cache.root / "normalizer", specials=specials(base))
+        tokenizer, rows = from_wordpiece(WordPieceTokenizer.from_file(base / "vocab.txt", specials=sp).vocab,
+                                         cache_dir=cache.root / "normalizer", specials=sp)
     except ValueError as e:
         raise EdgekitError(f"{base / 'vocab.txt'}: {e}") from None
     texts = [ex.text for s in ("train", "dev") for ex in data.splits[s]]
@@ -81,7 +86,7 @@ def prepare(cfg: BuildConfig) -> Context:
     if unknown:
         raise EdgekitError(f"--intents: unknown intent {unknown[0]!r}; {cfg.data} has: {', '.join(data.intents)}")
     writable(Path(cfg.out), "--out")  # refused now, not after training (an empty OUT may stay)
-    digest = input_digest(cfg.data, cfg.out, base)
+    digest = input_digest(cfg.data, cfg.out, base, sp)
     return Context(cfg, settings, target, data, Path(cfg.out), max_len, stats, tokenizer, rows, target.stages,
                    cache, digest, base_model=base)
 

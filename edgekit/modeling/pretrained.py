@@ -47,11 +47,12 @@ class Arch:
     fields: Callable[[dict], dict] = lambda hf: {"max_positions": hf["max_position_embeddings"]}
     convert: Callable = lambda name, t, hf: t[0] if name == "type_emb" else t
     optional: tuple = field(default=("type_emb",))  # ours that a checkpoint may lack (then left at their init)
+    specials: dict = field(default_factory=lambda: dict(BERT_SPECIALS))  # without a special_tokens_map.json
 
 
 ARCHS = {
     "bert": Arch(BERT_NAMES, r"^bert\."),
-    "mpnet": Arch(mpnet.NAME_TABLE, mpnet.PREFIX, mpnet.config_fields, mpnet.convert, ()),
+    "mpnet": Arch(mpnet.NAME_TABLE, mpnet.PREFIX, mpnet.config_fields, mpnet.convert, (), mpnet.SPECIALS),
 }
 SIZE_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
              "max_position_embeddings")
@@ -115,11 +116,12 @@ def max_positions(hf: dict) -> int:
 
 
 def specials(folder: str | Path) -> dict[str, str]:
-    """The base vocabulary's pad, unk, cls and sep pieces: special_tokens_map.json's where the folder has one (MPNet:
-    <pad>, [UNK], <s>, </s>), else BERT's."""
+    """The base vocabulary's pad, unk, cls and sep pieces: special_tokens_map.json's where the folder has one, else
+    its architecture's (BERT: [PAD], [UNK], [CLS], [SEP]; MPNet: <pad>, [UNK], <s>, </s>; an MPNet vocabulary holds
+    BERT's pieces too, which it was never trained with)."""
     path = Path(folder) / "special_tokens_map.json"
     if not path.is_file():
-        return dict(BERT_SPECIALS)
+        return dict(ARCHS[base_config(folder)["model_type"]].specials)
     try:
         found = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

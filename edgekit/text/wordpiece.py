@@ -14,6 +14,7 @@ from edgekit.runtime.tokenizer import Tokenizer
 
 BERT_SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]"}  # each role's WordPiece piece
 
+
 def is_punct(ch: str) -> bool:
     cp = ord(ch)
     # BERT treats all non-alphanumeric ASCII as punctuation, plus Unicode P* categories.

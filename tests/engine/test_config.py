@@ -16,3 +16,4 @@ def test_distill_seed_changes_the_student_and_nothing_before_it():
         assert other.read_by(stage) == base.read_by(stage), stage
     assert other.read_by("distill") != base.read_by("distill")
     assert settings(seed=4).distill.seed == 4  # without distill.seed, --seed still seeds the student
+    assert settings(seed=4, sets=["distill.seed=none"]).distill.seed == 4  # `none`: back to --seed

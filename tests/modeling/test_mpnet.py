@@ -137,9 +137,18 @@ def test_the_sentencepiece_vocabulary_takes_mpnet_rows(tiny):
 def test_bad_folders_are_one_line(tiny, tmp_path):
     import shutil
 
+    from edgekit.engine import BuildConfig
+    from edgekit.engine.runner import prepare
+
+    from ..conftest import DEMO
+
     folder, _ = tiny
+    with pytest.raises(EdgekitError, match="an MPNet model cannot be pruned, and --target android prunes"):
+        prepare(BuildConfig(data=str(DEMO), out=str(tmp_path / "o"), base_model=str(folder)))  # before any work
     bad = tmp_path / "bad"
     shutil.copytree(folder, bad)
+    (bad / "special_tokens_map.json").unlink()  # MPNet's own specials, not the BERT pieces its vocabulary also has
+    assert specials(bad) == {"pad": "<pad>", "unk": "[UNK]", "cls": "<s>", "sep": "</s>"}
     hf = json.loads((bad / "config.json").read_text())
     (bad / "config.json").write_text(json.dumps(dict(hf, model_type="roberta")))
     with pytest.raises(EdgekitError, match="model_type 'roberta' is not supported"):
