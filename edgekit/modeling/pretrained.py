@@ -159,7 +159,7 @@ def load_pretrained(folder: str | Path, n_intents: int, n_slots: int, dropout: f
                       head_dim=H // nh, eps=hf.get("layer_norm_eps", 1e-12), dropout=dropout, n_intents=n_intents,
                       n_slots=n_slots, **arch.fields(hf))
     model = JointModel(cfg)
-    own = {k: v for k, v in model.state_dict().items()}
+    own = model.state_dict()  # tensors sharing the parameters' storage: copy_ fills the model
     loaded = set()
     with safe_open(folder / "model.safetensors", framework="pt") as f:
         for key in f.keys():
