@@ -44,6 +44,11 @@ class DistillInputs:
     # Dev metrics of a model, used to keep the best epoch (the build passes its own evaluation: the decoding
     # graph the package ships). None: plain per-word argmax.
     evaluate: Callable[[JointModel], dict] | None = None
+    # Seed of the augmented utterances (None: DistillConfig.seed). The build gives --seed, so that distill.seed
+    # (a new student on the same teacher) draws the same utterances, whose teacher outputs `memo` may keep.
+    pool_seed: int | None = None
+    # memo(compute) -> the teacher's outputs (teacher_targets' tuple): compute() or a stored copy of them.
+    memo: Callable[[Callable[[], tuple]], tuple] | None = None
 
 
 @dataclass
@@ -73,6 +78,9 @@ class DistillConfig:
     bf16: bool = False
     # The student's slot head reads the mean of each word's pieces, not the first piece alone (JointModel.pool_words).
     word_pool: bool = False
+    # The teacher: None, the build's own (the teacher stage's, which the student is pruned from); or another base
+    # model (a --base-model name or folder), fine-tuned as a server build of it would be, and shared with that build.
+    teacher: str | None = None
 
     def __post_init__(self):
         if not 0 < self.temperature < math.inf:
@@ -156,6 +164,39 @@ def teacher_targets(teacher: JointModel, feats, pad_id: int, layer_map: list[int
     return intents, words, hidden
 
 
+def augmented(x: DistillInputs, cfg: DistillConfig) -> tuple[list, list[str] | None]:
+    """train, then `augment` x its size more utterances: slot values swapped (a `novel` share of them words the
+    teacher has whole and the student splits), or on intent-only data a `word_noise` share of words replaced.
+    Returns them and the novel words."""
+    seed = cfg.seed if x.pool_seed is None else x.pool_seed
+    novel, n_extra = None, round(cfg.augment * len(x.train))
+    if any(t != "O" for ex in x.train for t in ex.tags or []):
+        novel = novel_words(x.teacher_tokenizer, x.student_tokenizer) if cfg.novel > 0 else None
+        extra = swap_mentions(x.train, n_extra, seed, novel, cfg.novel)
+    else:  # intent-only data has no slot values to swap
+        extra = replace_words(x.train, n_extra, seed, cfg.word_noise)
+    return x.train + extra, novel
+
+
+def pack_targets(targets: tuple) -> dict[str, torch.Tensor]:
+    """teacher_targets' tuple as flat tensors, for safetensors: each example's rows concatenated, with their counts."""
+    intents, words, hidden = targets
+    out = {"intents": intents}
+    if words and words[0] is not None:
+        out["words"], out["words_n"] = torch.cat(words), torch.tensor([len(w) for w in words])
+    if hidden and hidden[0] is not None:
+        out["hidden"], out["hidden_n"] = torch.cat(hidden, 1), torch.tensor([h.shape[1] for h in hidden])
+    return out
+
+
+def unpack_targets(t: dict[str, torch.Tensor]) -> tuple:
+    """pack_targets, undone."""
+    n = len(t["intents"])
+    words = list(torch.split(t["words"], t["words_n"].tolist())) if "words" in t else [None] * n
+    hidden = list(torch.split(t["hidden"], t["hidden_n"].tolist(), 1)) if "hidden" in t else [None] * n
+    return t["intents"], words, hidden
+
+
 def kd_loss(student: torch.Tensor, teacher: torch.Tensor, hard: torch.Tensor, T: float, alpha: float):
     """alpha * T^2 * KL(soft) + (1 - alpha) * CE(hard); rows whose hard label is IGNORE count only in the soft part."""
     student = student.float()  # under bf16 autocast the logits come out bf16; the loss stays FP32
@@ -173,19 +214,14 @@ def distill(model: JointModel, inputs: DistillInputs, cfg: DistillConfig) -> Pas
     rec = PassRecord("distill", params_before=count_params(model), bytes_before=param_bytes(model))
     if cfg.word_pool and model.cfg.n_slots:
         enable_word_pool(model, continues_word(x.student_tokenizer))
-    novel, n_extra = None, round(cfg.augment * len(x.train))
-    if any(t != "O" for ex in x.train for t in ex.tags or []):
-        novel = novel_words(x.teacher_tokenizer, x.student_tokenizer) if cfg.novel > 0 else None
-        extra = swap_mentions(x.train, n_extra, cfg.seed, novel, cfg.novel)
-    else:  # intent-only data has no slot values to swap
-        extra = replace_words(x.train, n_extra, cfg.seed, cfg.word_noise)
-    train = x.train + extra
+    train, novel = augmented(x, cfg)
     s_feats = featurize(train, x.student_tokenizer, x.labels, x.max_len)
     t_feats = featurize(train, x.teacher_tokenizer, x.labels, x.max_len)
     layer_map = x.layer_map if cfg.hidden_weight > 0 else None
     if layer_map is not None and len(layer_map) != model.cfg.layers:
         raise ValueError(f"layer_map has {len(layer_map)} entries for a {model.cfg.layers}-layer student")
-    t_intent, t_words, t_hidden = teacher_targets(x.teacher, t_feats, x.teacher_tokenizer.pad_id, layer_map)
+    compute = lambda: teacher_targets(x.teacher, t_feats, x.teacher_tokenizer.pad_id, layer_map)  # noqa: E731
+    t_intent, t_words, t_hidden = x.memo(compute) if x.memo else compute()
     proj = projections(model, x.teacher, len(layer_map)) if layer_map else None
     s_pos = [_word_positions(s_feats, i) for i in range(len(s_feats.ids))]
     t_pos_n = [_word_positions(t_feats, i) for i in range(len(t_feats.ids))]

@@ -70,7 +70,8 @@ class CompressConfig:
 
 @dataclass
 class BudgetConfig:
-    """Dev accuracy an optimisation stage may lose against the teacher (points on a 0-100 scale)."""
+    """Dev accuracy an optimisation stage may lose against the teacher (points on a 0-100 scale); the fuse stage's
+    graph, against the unfused graph it was made from."""
 
     intent_drop_pts: float = 0.5
     slot_f1_drop_pts: float = 1.0
@@ -277,13 +278,21 @@ def _table(name: str, values: dict):
         raise EdgekitError(f"{name}.{first}: {rest}" if first in known else f"{name}: {e}") from None
 
 
+def _recipe(base_model: str | None) -> dict:
+    """The [teacher] settings base_models.toml gives the named base model (a folder: none)."""
+    from edgekit.modeling.pretrained import BASE_MODELS, DEFAULT
+
+    return dict(BASE_MODELS.get(base_model or DEFAULT, {}).get("teacher", {}))
+
+
 def resolve(cfg: BuildConfig) -> tuple[Target, Settings]:
     """The profile and every setting, merged in order and validated: fails before any work."""
     if cfg.task != "intent":
         raise EdgekitError(f"unknown --task {cfg.task!r}; supported: intent")
     target = load_target(cfg.target)
     _check_layer(target.source, target.tables)
-    tables = {name: dict(target.tables.get(name, {})) for name in TABLES}
+    tables = {name: merge_tables(_recipe(cfg.base_model), target.tables.get(name, {})) if name == "teacher"
+              else dict(target.tables.get(name, {})) for name in TABLES}
     layers = []
     if cfg.config:
         path = Path(cfg.config)

@@ -47,6 +47,10 @@ class Context:
     key: str = ""  # the running stage's cache key
     input_key: str = ""  # the running stage's input: the previous stage's output key
     teacher: TeacherResult | None = None
+    # distill.teacher: that base model's teacher, prepared as a server build of it would be (`strong_ctx`), and
+    # trained or reused before the first stage
+    strong: TeacherResult | None = None
+    strong_ctx: "Context | None" = None
     trim_vocab: TrimResult | None = None
     prune: PruneResult | None = None
     distill: DistillResult | None = None

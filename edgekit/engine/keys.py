@@ -40,6 +40,8 @@ FACTS = {
     "runtimes": lambda ctx: {"runtimes": ctx.target.runtimes, "primary": ctx.target.primary_runtime,
                              "buckets": ctx.length_stats["buckets"]},
     "bench": lambda ctx: {"threads": ctx.target.bench_threads, "profile": ctx.target.name},
+    # distill.teacher's own key (its recipe, base model and data); nothing when the build's teacher teaches
+    "strong_teacher": lambda ctx: {"strong_teacher": ctx.strong.key} if ctx.strong is not None else {},
 }
 
 

@@ -84,8 +84,9 @@ def check_inputs(ctx: Context, decoding: bool, n: int = 64) -> list[list[np.ndar
                          ctx.settings.server.batch) for k, e in enumerate(encs)]
 
 
-def runtime_answers(ctx: Context, runtime: str, path: Path, decoding: bool, reject: bool = False) -> list[dict]:
-    """Every test utterance answered by an exported artifact through its runtime, as the Predictor does."""
+def runtime_answers(ctx: Context, runtime: str, path: Path, decoding: bool, reject: bool = False,
+                    split: str = "test") -> list[dict]:
+    """Every utterance of `split` answered by an exported artifact through its runtime, as the Predictor does."""
     from edgekit.runtime.backends import BACKENDS
     from edgekit.runtime.predictor import Predictor
 
@@ -94,7 +95,7 @@ def runtime_answers(ctx: Context, runtime: str, path: Path, decoding: bool, reje
     onnx_kw = {"dynamic_seq": server.seq == "dynamic", "disabled_optimizers": ctx.settings.fuse.disabled_optimizers}
     p = Predictor(BACKENDS[runtime](path, **(onnx_kw if runtime == "onnx" else {})), ctx.tokenizer, ctx.labels,
                   ctx.max_len, decoding, runtime == "onnx" and server.batch)
-    return [p.predict(ex.text, warn=False, reject=reject) for ex in ctx.data.splits["test"]]
+    return [p.predict(ex.text, warn=False, reject=reject) for ex in ctx.data.splits[split]]
 
 
 def quant_inputs(ctx: Context, n: int, decoding: bool) -> list[list[np.ndarray]]:

@@ -32,7 +32,8 @@ class StageSpec:
     int8: bool = False  # that model is quantized (not the FP32 model a package is exported from)
     # Build facts in its key besides the common ones (edgekit.engine.keys.FACTS): "vocab_corpus" (the file's
     # content), "toolchain" (library versions), "runtimes" (the target's runtimes and buckets), "bench" (threads
-    # and profile name: the manifest names the profile and latency is measured on its threads)
+    # and profile name: the manifest names the profile and latency is measured on its threads), "strong_teacher"
+    # (distill.teacher's key)
     facts: tuple[str, ...] = ()
 
     @property
@@ -52,7 +53,8 @@ SPECS: tuple[StageSpec, ...] = (
               makes_model=True),
     StageSpec("distill", {"compress": ("param_share", "total_share", "max_param_share", "max_total_share",
                                        "prune_layers", "prune_samples", "max_retries"),
-                          "distill": "*", "budget": "*"}, "DistillResult", makes_model=True),
+                          "distill": AllBut(("teacher",)), "budget": "*"}, "DistillResult", makes_model=True,
+              facts=("strong_teacher",)),  # distill.teacher enters as that teacher's own key
     StageSpec("quantize", {"quantize": AllBut(ONNX_ONLY)}, "QuantizeResult", makes_model=True, int8=True,
               facts=("toolchain",)),
     # export and package score and describe the graph as the package's sessions run it: [fuse] says which

@@ -8,6 +8,7 @@ from pathlib import Path
 from edgekit import __version__
 from edgekit.engine.context import Context
 from edgekit.io import write_json, write_text
+from edgekit.modeling.pretrained import DEFAULT
 from edgekit.reporting.markdown import render_markdown
 
 
@@ -36,6 +37,7 @@ def report(ctx: Context) -> dict:
             "package": ctx.package.package if ctx.package else {},
             "latency": ctx.package.latency if ctx.package else {},
             "config": {"settings": ctx.settings.to_dict(), "seed": ctx.cfg.seed, "stages": ctx.stages,
+                       "base_model": ctx.cfg.base_model or DEFAULT,
                        "intents": ctx.cfg.intents, "target": ctx.target.source, "cache": str(ctx.cache.root),
                        "strict": ctx.cfg.strict, "train_threads": torch_threads()},
             "budget": {"intent_drop_pts": ctx.settings.budget.intent_drop_pts,

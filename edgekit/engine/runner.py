@@ -8,6 +8,7 @@ anything else runs and is stored. After each stage report.json and report.md are
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import shutil
@@ -24,7 +25,7 @@ from edgekit.engine.config import BuildConfig, resolve
 from edgekit.engine.context import Context
 from edgekit.engine.keys import input_digest, key_of
 from edgekit.engine.report import finish, plots_listed, report, torch_threads, write
-from edgekit.engine.results import ModelResult, StageResult, result_type
+from edgekit.engine.results import ModelResult, StageResult, TeacherResult, result_type
 from edgekit.errors import EdgekitError
 from edgekit.modeling.pretrained import base_config, base_folder, max_positions, specials
 from edgekit.text.vocab import from_wordpiece
@@ -87,8 +88,36 @@ def prepare(cfg: BuildConfig) -> Context:
         raise EdgekitError(f"--intents: unknown intent {unknown[0]!r}; {cfg.data} has: {', '.join(data.intents)}")
     writable(Path(cfg.out), "--out")  # refused now, not after training (an empty OUT may stay)
     digest = input_digest(cfg.data, cfg.out, base, sp)
-    return Context(cfg, settings, target, data, Path(cfg.out), max_len, stats, tokenizer, rows, target.stages,
-                   cache, digest, base_model=base)
+    ctx = Context(cfg, settings, target, data, Path(cfg.out), max_len, stats, tokenizer, rows, target.stages,
+                  cache, digest, base_model=base)
+    if settings.distill.teacher and "distill" in ctx.stages:  # its base model checked now, trained in _run
+        name = settings.distill.teacher
+        try:  # its own stages: no distill, so no teacher of its own to prepare (the stages are not in its key)
+            ctx.strong_ctx = prepare(dataclasses.replace(cfg, base_model=name, target=STRONG_TEACHER_PROFILE,
+                                                         stages=["teacher", "export", "package"]))
+        except EdgekitError as e:  # the message names --base-model or a setting, as if it were a build of its own
+            msg = str(e)
+            raise EdgekitError(msg.replace("--base-model", "distill.teacher", 1) if msg.startswith("--base-model")
+                               else f"distill.teacher {name} (trained as a {STRONG_TEACHER_PROFILE} build of it): "
+                               f"{msg}") from None
+    return ctx
+
+
+# distill.teacher is fine-tuned as `edgekit build --target server-cpu --base-model NAME` (same data, --seed and
+# settings) fine-tunes its teacher: the same cache key, so the server package and the device's teacher are one run.
+STRONG_TEACHER_PROFILE = "server-cpu"
+
+
+def strong_teacher(sub: Context, on_stage=None) -> TeacherResult:
+    """The teacher stage of `sub` (Context.strong_ctx): reused from the cache, or trained and stored."""
+    t0 = time.perf_counter()
+    key = key_of(sub, "teacher", sub.input_digest)
+    log.info("distill.teacher %s: its teacher stage", sub.cfg.base_model)
+    res = run_stage(sub, "teacher", key, sub.input_digest)
+    if on_stage:
+        on_stage(f"teacher {sub.cfg.base_model}", dict(res.row, reused=res.reused, key=key[:12],
+                                                       wall=time.perf_counter() - t0))
+    return res
 
 
 def run_stage(ctx: Context, name: str, key: str, input_key: str) -> StageResult:
@@ -147,6 +176,8 @@ def _run(ctx: Context, on_stage) -> dict:
     log.info("training on %d threads", torch_threads())
     # XNNPACK's pool size can only be set before the first program loads; latency is measured on it.
     set_threads(ctx.target.bench_threads)
+    if ctx.strong_ctx is not None:
+        ctx.strong = strong_teacher(ctx.strong_ctx, on_stage)
     out_key = ctx.input_digest  # what the next stage's key builds on: the previous stage's output
     for name in ctx.stages:
         t0 = time.perf_counter()

@@ -90,6 +90,10 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
         backend = open_backend(runtime, path, threads, pkg.buckets(runtime), **same)
         teacher = Predictor(backend, tok, pkg.labels, pkg.max_len, decoding=True, batched=pkg.batched)
         lat, lat_t = paired_latency(pred, teacher, texts, block=50)
+        # the build's own teacher (distill.teacher, when set, taught the student but is not what it replaces)
+        rep = json.loads((package / "report.json").read_text())
+        out["teacher"] = {"base_model": rep.get("config", {}).get("base_model"), "stage": "teacher",
+                          "params": next((s["params"] for s in rep.get("stages", []) if s["name"] == "teacher"), None)}
         out.update(package_latency=lat, teacher_latency=lat_t, teacher_bytes=path.stat().st_size,
                    teacher_provider=teacher.provider, speedup_p50=lat_t["p50_ms"] / lat["p50_ms"])
     return out

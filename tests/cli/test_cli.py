@@ -141,6 +141,10 @@ def test_predict_json_on_built_package(tmp_path, tiny_bert):
     assert b.returncode == 0, b.stderr[-2000:]
     rep = json.loads(b.stdout)
     assert rep["package_latency"]["n"] == 60 and rep["teacher_latency"]["p50_ms"] > 0
+    # the teacher it times is named: the build's own (its base model), never distill.teacher
+    built = json.loads((out / "report.json").read_text())
+    assert rep["teacher"] == {"base_model": built["config"]["base_model"], "stage": "teacher",
+                              "params": built["stages"][0]["params"]} and rep["teacher"]["params"] > 0
     # --provider reaches the single-utterance timing, the teacher beside it too
     assert rep["provider"] == rep["teacher_provider"] == "CPUExecutionProvider"
     assert_one_line_error(run("bench", str(out), "--data", str(DEMO), "--runtime", "executorch", "--provider",

@@ -20,19 +20,20 @@ MPNET_SPECIALS = {"cls_token": "<s>", "sep_token": "</s>", "pad_token": "<pad>",
                   "mask_token": {"content": "<mask>", "lstrip": True}}
 
 
-def write_tiny_mpnet(folder, seed=0, positions=200):
+def write_tiny_mpnet(folder, seed=0, positions=200, words=(), hidden=32, layers=2):
     """A tiny random MPNet folder as Hugging Face writes one; every weight random (LayerNorms too), so that a swapped
-    name in the table cannot go unseen. Returns transformers' model."""
+    name in the table cannot go unseen. `words` join the vocabulary. Returns transformers' model."""
     torch.manual_seed(seed)
-    cfg = transformers.MPNetConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                   intermediate_size=48, max_position_embeddings=positions, pad_token_id=1,
-                                   relative_attention_num_buckets=32, layer_norm_eps=1e-5)
+    vocab = VOCAB + sorted(set(words) - set(VOCAB))
+    cfg = transformers.MPNetConfig(vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=layers,
+                                   num_attention_heads=4, intermediate_size=48, max_position_embeddings=positions,
+                                   pad_token_id=1, relative_attention_num_buckets=32, layer_norm_eps=1e-5)
     hf = transformers.MPNetModel(cfg, add_pooling_layer=False).eval()
     with torch.no_grad():
         for p in hf.parameters():
             p.normal_(0, 0.3)
     hf.save_pretrained(folder, safe_serialization=True)
-    (folder / "vocab.txt").write_text("".join(p + "\n" for p in VOCAB))
+    (folder / "vocab.txt").write_text("".join(p + "\n" for p in vocab))
     (folder / "special_tokens_map.json").write_text(json.dumps(MPNET_SPECIALS))
     return hf
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import logging
 import shutil
 import time
 
-from edgekit.converters.distill import DistillInputs, distill
+from edgekit.converters.distill import DistillInputs, distill, pack_targets, uniform_layers, unpack_targets
 from edgekit.engine.cache import stage_key
 from edgekit.engine.context import Context
 from edgekit.engine.gating import Try, back_off
@@ -25,12 +26,51 @@ from edgekit.record import PassRecord
 log = logging.getLogger("edgekit")
 
 
+def _memo(ctx: Context, layer_map: list[int] | None, info: dict):
+    """With distill.teacher: the teacher's outputs on the augmented utterances, kept in the cache (safetensors), so
+    that another target or another distill.seed on the same teacher and vocabulary labels nothing again. They depend
+    on the teacher, the utterances (the data, the augmentation settings, --seed, the student's vocabulary, which
+    picks the novel words), the matched layers and the sequence length. None without distill.teacher: the build's
+    own teacher labels them in a few minutes."""
+    if ctx.strong is None:
+        return None
+    from safetensors.torch import load_file, save_file
+
+    d = ctx.settings.distill
+    vocab = hashlib.sha256(ctx.tokenizer.sp.serialized_model_proto()).hexdigest()
+    key = stage_key("teacher_targets", {"augment": d.augment, "novel": d.novel, "word_noise": d.word_noise,
+                                        "seed": ctx.cfg.seed, "layer_map": layer_map, "max_len": ctx.max_len,
+                                        "student_vocab": vocab}, ctx.strong.key)
+    info.update(targets_key=key[:12], targets_reused=False)
+
+    def memo(compute):
+        entry = ctx.cache.get("teacher_targets", key)
+        if entry is not None:
+            log.info("distill: the teacher's outputs reused from the cache (%s)", key[:12])
+            info["targets_reused"] = True
+            return unpack_targets(load_file(str(entry.path / "targets.safetensors")))
+        targets = compute()
+        work = ctx.cache.workdir("teacher_targets")
+        try:
+            save_file(pack_targets(targets), str(work / "targets.safetensors"))
+            ctx.cache.put("teacher_targets", key, work, {"examples": len(targets[0]), "layer_map": layer_map})
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return targets
+
+    return memo
+
+
 def _try(ctx: Context, attempt: int, target: int) -> tuple:
     """One try: prune to `target` (the prune stage's own student on the first try), then distil. Cached."""
     c = ctx.settings.compress
     source = ctx.latest("distill")
-    key = stage_key("distill_try", {"distill": dataclasses.asdict(ctx.settings.distill), "target": target,
-                                    "prune_layers": c.prune_layers, "prune_samples": c.prune_samples},
+    d = dataclasses.asdict(ctx.settings.distill)
+    settings = {"distill": {k: v for k, v in d.items() if k != "teacher"}, "target": target,
+                "prune_layers": c.prune_layers, "prune_samples": c.prune_samples}
+    if ctx.strong is not None:  # distill.teacher: by its own key (its recipe, base model and data), not its name
+        settings["teacher_key"] = ctx.strong.key
+    key = stage_key("distill_try", settings,
                     ctx.input_key if ctx.prune is None else (ctx.prune.out_key or ctx.prune.key))
     entry = ctx.cache.get("distill_try", key)
     if entry is not None:
@@ -46,13 +86,23 @@ def _try(ctx: Context, attempt: int, target: int) -> tuple:
     else:
         pr = prune_to(ctx, target)
         student, kept, prune_rec = pr.model, pr.record.extra["kept_layers"], pr.record.to_dict()
-    # Each student layer matches the teacher layer it was pruned from (state index = layer + 1).
-    inputs = DistillInputs(teacher=ctx.teacher.model, teacher_tokenizer=ctx.teacher.tokenizer,
+    # Each student layer matches the teacher layer it was pruned from (state index = layer + 1); a teacher of
+    # another depth (distill.teacher) is matched evenly.
+    teacher = ctx.strong or ctx.teacher
+    if ctx.strong is not None:
+        layer_map = uniform_layers(teacher.model.cfg.layers, student.cfg.layers)
+    else:
+        layer_map = [k + 1 for k in kept] if kept is not None else None
+    info = {"base": ctx.settings.distill.teacher, "key": teacher.key[:12], "dev": teacher.dev} if ctx.strong else {}
+    inputs = DistillInputs(teacher=teacher.model, teacher_tokenizer=teacher.tokenizer,
                            student_tokenizer=ctx.tokenizer, train=ctx.data.splits["train"],
-                           dev=ctx.data.splits["dev"], labels=ctx.labels, max_len=ctx.max_len,
-                           layer_map=[k + 1 for k in kept] if kept is not None else None,
-                           evaluate=lambda m: measure(ctx, m, ctx.tokenizer, "dev"))  # epochs chosen as shipped
+                           dev=ctx.data.splits["dev"], labels=ctx.labels, max_len=ctx.max_len, layer_map=layer_map,
+                           evaluate=lambda m: measure(ctx, m, ctx.tokenizer, "dev"),  # epochs chosen as shipped
+                           pool_seed=ctx.cfg.seed if ctx.strong is not None else None,
+                           memo=_memo(ctx, layer_map if ctx.settings.distill.hidden_weight > 0 else None, info))
     res = distill(copy.deepcopy(student), inputs, ctx.settings.distill)
+    if info:
+        res.record.extra["teacher"] = info
     dev = res.record.extra.pop("best_dev")  # dev metrics of the kept epoch, computed during distillation
     prune_info = {k: prune_rec["extra"][k] for k in ("target_params", "nonembedding_after", "kept_layers")} \
         if prune_rec else None

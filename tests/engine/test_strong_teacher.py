@@ -1,0 +1,88 @@
+"""distill.teacher: a student pruned from the build's own teacher (a tiny BERT) learns from another base model (a tiny
+MPNet, wider), whose teacher is the one a server build of that model trains (one cache entry for both), and whose
+outputs on the augmented utterances are kept, so that another distill.seed labels nothing again."""
+
+import json
+
+import pytest
+
+from edgekit.converters.distill import uniform_layers
+from edgekit.engine import BuildConfig, build
+from edgekit.engine.keys import key_of
+from edgekit.engine.runner import prepare
+from edgekit.errors import EdgekitError
+from tests.conftest import DEMO, need_module
+
+need_module("transformers", "the dev extra (transformers' MPNet writes the tiny checkpoint)")
+from tests.modeling.test_mpnet import write_tiny_mpnet  # noqa: E402
+
+TEACHER = {"epochs": 3, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2}
+FAST = {"teacher": TEACHER, "package": {"bench_utterances": 0}, "decoding": {"compare_argmax": False}}
+PHONE = """name = "test-phone"
+description = "test profile"
+runtimes = ["onnx"]
+primary_runtime = "onnx"
+stages = ["teacher", "trim_vocab", "prune", "distill", "export", "package"]
+[budget]
+intent_drop_pts = 100.0
+slot_f1_drop_pts = 100.0
+[compress]
+vocab_budget = 330
+param_share = 0.5
+max_retries = 0
+[distill]
+epochs = 2
+lr = 0.005
+augment = 0.5
+"""
+
+
+@pytest.fixture(scope="module")
+def mpnet(tmp_path_factory):
+    words = {w.lower() for line in DEMO.read_text().splitlines() for w in json.loads(line)["text"].split()}
+    folder = tmp_path_factory.mktemp("wide_mpnet")
+    write_tiny_mpnet(folder, words=words, hidden=48, layers=3)
+    return folder
+
+
+def passes(rep):
+    return {p["name"]: p for p in rep["passes"]}
+
+
+def test_a_wider_teacher_of_another_family_teaches_the_student_and_is_shared(tmp_path, tiny_bert, mpnet):
+    (tmp_path / "phone.toml").write_text(PHONE)
+    rows = []
+    cfg = BuildConfig(data=str(DEMO), out=str(tmp_path / "o"), base_model=str(tiny_bert),
+                      target=str(tmp_path / "phone.toml"), settings=FAST, sets=[f'distill.teacher="{mpnet}"'])
+    rep = build(cfg, on_stage=lambda name, row: rows.append((name, row)))
+    # the MPNet teacher is trained under the key a server build of it computes: one training for both
+    server = prepare(BuildConfig(data=str(DEMO), out=str(tmp_path / "srv"), base_model=str(mpnet), target="server-cpu",
+                                 settings=FAST))
+    server_key = key_of(server, "teacher", server.input_digest)[:12]
+    assert rows[0][0] == f"teacher {mpnet}" and not rows[0][1]["reused"] and rows[0][1]["key"] == server_key
+    d = passes(rep)["distill"]["extra"]
+    assert d["teacher"]["key"] == server_key and d["teacher"]["targets_reused"] is False
+    assert d["teacher"]["dev"]["n"] == len(server.data.splits["dev"])
+    student_layers = len(d["layer_map"])
+    assert d["layer_map"] == uniform_layers(3, student_layers)  # 3 MPNet layers met evenly by the student's
+    assert d["hidden_projection"] == [32, 48] and d["augmented"] > 0
+    assert f"taught by `{mpnet}` (teacher {server_key}" in (tmp_path / "o" / "report.md").read_text()
+    # another student seed on the same teachers: both teachers, trim and prune reused, the MPNet outputs too
+    rows.clear()
+    again = build(BuildConfig(**{**cfg.__dict__, "sets": cfg.sets + ["distill.seed=7"]}),
+                  on_stage=lambda name, row: rows.append((name, row)))
+    assert rows[0][1]["reused"] and [s["reused"] for s in again["stages"]] == [True, True, True, False, False, False]
+    d2 = passes(again)["distill"]["extra"]
+    assert d2["teacher"]["targets_reused"] is True and d2["teacher"]["targets_key"] == d["teacher"]["targets_key"]
+    # the build's own teacher teaches otherwise: another distillation, its layers as pruning kept them
+    own = build(BuildConfig(**{**cfg.__dict__, "sets": []}))
+    assert [s["reused"] for s in own["stages"]][:3] == [True, True, True] and not own["stages"][3]["reused"]
+    own_distill = passes(own)["distill"]["extra"]
+    assert "teacher" not in own_distill and own_distill["hidden_projection"] is None
+
+
+def test_an_unknown_distill_teacher_is_one_line_before_any_work(tmp_path, tiny_bert):
+    with pytest.raises(EdgekitError, match=r"^distill.teacher nosuch: neither a folder nor one of minilm, mpnet$"):
+        build(BuildConfig(data=str(DEMO), out=str(tmp_path / "o"), base_model=str(tiny_bert), target="web",
+                          sets=["distill.teacher=nosuch"]))
+    assert not (tmp_path / "o" / "report.json").exists()
