@@ -244,6 +244,7 @@ def stop(address: str | None = None) -> None:
     node = ray.get_runtime_context().get_node_id()
     run = None if address or not _RUN else _RUN[0]
     known = watchdog.tree(run, os.getpid()) if run else set()  # before any of it ends and init adopts the rest
+    core = watchdog.named(known, RAY_CORE)
     try:
         # the notice may reach the driver's listener thread after serve.shutdown returns: filter until Ray is down
         with _without_controller_exit_notice():
@@ -252,11 +253,13 @@ def stop(address: str | None = None) -> None:
                     serve.delete("edgekit")
                 elif not run or not watchdog.PROC.is_dir():  # nothing to stop it with if it hangs: wait for it
                     serve.shutdown()
-                elif not _within(serve.shutdown, GRACEFUL_S):
+                elif not _within(serve.shutdown, GRACEFUL_S) or watchdog.alive(core) != core:
                     # a signal to the whole process group reached Ray's raylet and GCS too (not its actors, each in a
-                    # group of its own), and Serve's controller waits 30 s for a raylet that is draining
-                    log.info("Serve did not stop within %s s: stopping what is left of Ray", GRACEFUL_S)
-                    _end_run(known, grace_s=0)  # now: Ray's own shutdown below waits on a GCS that is gone
+                    # group of its own): Serve's controller waits 30 s for a raylet that is draining, and Ray's own
+                    # shutdown below waits seconds on a GCS that is gone while its monitors and actors live on
+                    log.info("Serve stopped or gave up within %s s with Ray's GCS or raylet gone: stopping what is "
+                             "left of Ray", GRACEFUL_S)
+                    _end_run(known, grace_s=0)  # now: nothing of the run can answer any more
             finally:
                 ray.shutdown()
     finally:
@@ -266,6 +269,7 @@ def stop(address: str | None = None) -> None:
             shutil.rmtree(Path(state) / node, ignore_errors=True)
 
 
+RAY_CORE = ("gcs_server", "raylet")  # the run's processes without which Ray's shutdown only waits
 # Serve's own shutdown, at most: in-flight requests get 5 s (graceful_shutdown_timeout_s), the proxies drain 1 s
 GRACEFUL_S = 7.0
 
@@ -319,6 +323,11 @@ def _end_run(known: set = frozenset(), grace_s: float = 3.0) -> None:
             log.info("stopped %d process(es) Ray left behind", len(left))
     while _WATCHDOG:
         proc = _WATCHDOG.pop()
+        try:  # what it reaps gets our grace period too
+            proc.stdin.write(f"{grace_s}\n".encode())
+            proc.stdin.flush()
+        except OSError:  # it is gone
+            pass
         proc.stdin.close()  # its lifeline: it reaps (nothing is left) and exits
         proc.wait(30)
 

@@ -10,7 +10,8 @@ process whose parent died is adopted by init), and nothing else the caller start
   raylet die first and the actors linger for tens of seconds (issue 40).
 - `watch(run)`: a small process of its own session (a signal to the server's group does not reach it) that notes
   the server's process tree twice a second and waits on a pipe only `edgekit serve` holds open. When that ends
-  (exit, crash, SIGKILL), it reaps the run and what the tree held. Ray rewrites its agents' titles over their
+  (exit, crash, SIGKILL), it reaps the run and what the tree held, with the grace period a clean stop wrote on the
+  pipe (none when Ray's core was already gone) or 3 s. Ray rewrites its agents' titles over their
   environment, so the marker alone does not find them.
 
 Linux only (/proc); elsewhere both do nothing. Stdlib only: the watchdog runs as `python -I -S watchdog.py RUN`.
@@ -85,6 +86,18 @@ def alive(procs: set[Proc]) -> set[Proc]:
     return {(pid, start) for pid, start in procs if pid in live and live[pid][1] == start}
 
 
+def named(procs: set[Proc], names: tuple[str, ...]) -> set[Proc]:
+    """Those of `procs` whose command name (/proc/PID/comm) is one of `names`."""
+    out = set()
+    for pid, start in procs:
+        try:
+            if (PROC / str(pid) / "comm").read_text().strip() in names:
+                out.add((pid, start))
+        except OSError:  # gone meanwhile
+            pass
+    return out
+
+
 def reap(run: str, known: set[Proc] = frozenset(), grace_s: float = 3.0) -> set[Proc]:
     """Stop every process of the run (carrying its marker, or in `known`): SIGTERM, then SIGKILL to what is left
     after grace_s. Returns those that needed the SIGKILL."""
@@ -124,12 +137,18 @@ def _main(run: str) -> None:
     import select
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal is the server's to handle
-    parent, known = os.getppid(), set()
+    parent, known, grace_s = os.getppid(), set(), 3.0
     while True:
         known = alive(known) | tree(run, parent)
-        if select.select([sys.stdin], [], [], 0.5)[0] and not os.read(sys.stdin.fileno(), 1024):
-            break  # end of the pipe: `edgekit serve` closed it (a clean stop) or died
-    reap(run, known)
+        if select.select([sys.stdin], [], [], 0.5)[0]:
+            data = os.read(sys.stdin.fileno(), 1024)
+            if not data:
+                break  # end of the pipe: `edgekit serve` closed it (a clean stop) or died
+            try:  # a stop that found Ray's core gone asks for no grace period (edgekit.serve.app._end_run)
+                grace_s = float(data.split()[-1])
+            except (ValueError, IndexError):
+                pass
+    reap(run, known, grace_s)
 
 
 if __name__ == "__main__":

@@ -135,7 +135,7 @@ class Load:
                 if outcome == "ok":
                     self.ok += 1
                 else:
-                    self.errors.append(outcome)
+                    self.errors.append((time.time(), outcome))
         conn.close()
 
     def poll(self) -> None:
@@ -199,13 +199,15 @@ def test_a_replica_killed_under_load_costs_no_client_an_error_and_a_group_sigter
         print(f"replica killed under load: {load.ok} answers, {len(load.errors)} errors, {len(load.health)} "
               f"/healthz polls, a new replica answering {recovered} s after the kill")
         assert recovered is not None, names(descendants(s.proc.pid))
-        assert load.ok > 100 and not load.errors, (load.ok, len(load.errors), load.errors[:5])
+        assert load.ok > 100 and not load.errors, (load.ok, [(round(t - killed, 1), e) for t, e in load.errors[:5]],
+                                                   names(descendants(s.proc.pid)))
         bad = [(round(t - killed, 1), h) for t, h, _ in load.health if h != 200]
         # both replicas answered before the kill (a third id: Serve replaced a replica it found slow to start)
         assert len(before) >= 2 and not bad, (before, bad[:5])
         # then, as in the field, a service manager stops the whole process group: Ray's raylet and GCS get the
         # signal too (its actors do not: each has a group of its own), and HAProxy used to outlive it all
         tree = descendants(s.proc.pid)
+        looked_for = dict(zip((p.pid for p in tree), names(tree)))  # before they go: a pid alone says nothing
         t0 = time.time()
         os.killpg(s.proc.pid, signal.SIGTERM)
         left, free, took = stopped(tree, s.port, t0)
@@ -213,7 +215,7 @@ def test_a_replica_killed_under_load_costs_no_client_an_error_and_a_group_sigter
         print(f"SIGTERM to the process group: {len(tree)} processes looked for, {len(left)} left and the port "
               f"{'free' if free else 'in use'} {took:.1f} s after the signal; edgekit serve exit {code} after "
               f"{time.time() - t0:.1f} s")
-        assert not left and free and code == 0, (names(left), free, code)
+        assert not left and free and code == 0, ([looked_for[p.pid] for p in left], free, code)
     finally:
         if s.proc.poll() is None:
             os.killpg(s.proc.pid, signal.SIGKILL)
