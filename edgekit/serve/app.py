@@ -244,7 +244,6 @@ def stop(address: str | None = None) -> None:
     node = ray.get_runtime_context().get_node_id()
     run = None if address or not _RUN else _RUN[0]
     known = watchdog.tree(run, os.getpid()) if run else set()  # before any of it ends and init adopts the rest
-    core = watchdog.named(known, RAY_CORE)
     try:
         # the notice may reach the driver's listener thread after serve.shutdown returns: filter until Ray is down
         with _without_controller_exit_notice():
@@ -253,13 +252,11 @@ def stop(address: str | None = None) -> None:
                     serve.delete("edgekit")
                 elif not run or not watchdog.PROC.is_dir():  # nothing to stop it with if it hangs: wait for it
                     serve.shutdown()
-                elif not _within(serve.shutdown, GRACEFUL_S) or watchdog.alive(core) != core:
+                elif not _serve_stopped(GRACEFUL_S) or not _core_up(known):
                     # a signal to the whole process group reached Ray's raylet and GCS too (not its actors, each in a
                     # group of its own): Serve's controller waits 30 s for a raylet that is draining, and Ray's own
                     # shutdown below waits seconds on a GCS that is gone while its monitors and actors live on
-                    log.info("Serve stopped or gave up within %s s with Ray's GCS or raylet gone: stopping what is "
-                             "left of Ray", GRACEFUL_S)
-                    _end_run(known, grace_s=0)  # now: nothing of the run can answer any more
+                    _end_run(known, grace_s=0)  # now, before Ray's shutdown
             finally:
                 ray.shutdown()
     finally:
@@ -272,6 +269,30 @@ def stop(address: str | None = None) -> None:
 RAY_CORE = ("gcs_server", "raylet")  # the run's processes without which Ray's shutdown only waits
 # Serve's own shutdown, at most: in-flight requests get 5 s (graceful_shutdown_timeout_s), the proxies drain 1 s
 GRACEFUL_S = 7.0
+
+
+def _serve_stopped(timeout_s: float) -> bool:
+    """Whether Serve's shutdown returned within timeout_s (one that failed, as it may with Ray's GCS gone, did not)."""
+    from ray import serve
+
+    try:
+        if _within(serve.shutdown, timeout_s):
+            return True
+        log.info("Serve did not stop within %s s: stopping what is left of Ray", timeout_s)
+    except Exception as e:  # noqa: BLE001 (logged; what is left is stopped next)
+        log.info("Serve's shutdown failed (%s): stopping what is left of Ray", e)
+    return False
+
+
+def _core_up(known: set) -> bool:
+    """Whether Ray's GCS and raylet of this run still run (`known`: the run's processes when the stop began; one
+    already ended then is missing from it, and so is counted as gone)."""
+    from edgekit.serve import watchdog
+
+    up = set(watchdog.named(watchdog.alive(known), RAY_CORE).values()) == set(RAY_CORE)
+    if not up:
+        log.info("Ray's GCS or raylet is gone (a signal to the process group): stopping what is left of Ray")
+    return up
 
 
 def _within(fn, timeout_s: float) -> bool:
@@ -312,8 +333,11 @@ def _begin_run() -> None:
 
 
 def _end_run(known: set = frozenset(), grace_s: float = 3.0) -> None:
-    """After Ray's shutdown: stop whatever of the run outlived it (a replica in its graceful shutdown, an HAProxy
-    being reloaded; `known`: the processes under this one when the stop began), then let the watchdog go."""
+    """After Ray's shutdown, or before it when Ray's core is gone: stop whatever of the run is left (a replica in its
+    graceful shutdown, an HAProxy being reloaded; `known`: the processes under this one when the stop began), each
+    with `grace_s` between SIGTERM and SIGKILL, then let the watchdog go with the same grace period."""
+    import os
+
     from edgekit.serve import watchdog
 
     run = _RUN.pop() if _RUN else None
@@ -323,12 +347,14 @@ def _end_run(known: set = frozenset(), grace_s: float = 3.0) -> None:
             log.info("stopped %d process(es) Ray left behind", len(left))
     while _WATCHDOG:
         proc = _WATCHDOG.pop()
-        try:  # what it reaps gets our grace period too
-            proc.stdin.write(f"{grace_s}\n".encode())
-            proc.stdin.flush()
-        except OSError:  # it is gone
+        try:  # unbuffered: a watchdog already gone leaves nothing for close() to flush and fail on
+            os.write(proc.stdin.fileno(), f"{grace_s}\n".encode())
+        except OSError:
             pass
-        proc.stdin.close()  # its lifeline: it reaps (nothing is left) and exits
+        try:
+            proc.stdin.close()  # its lifeline: it reaps what it found (nothing, or Ray's agents) and exits
+        except OSError:
+            pass
         proc.wait(30)
 
 

@@ -10,8 +10,8 @@ process whose parent died is adopted by init), and nothing else the caller start
   raylet die first and the actors linger for tens of seconds (issue 40).
 - `watch(run)`: a small process of its own session (a signal to the server's group does not reach it) that notes
   the server's process tree twice a second and waits on a pipe only `edgekit serve` holds open. When that ends
-  (exit, crash, SIGKILL), it reaps the run and what the tree held, with the grace period a clean stop wrote on the
-  pipe (none when Ray's core was already gone) or 3 s. Ray rewrites its agents' titles over their
+  (exit, crash, SIGKILL), it reaps the run and what the tree held, with the grace period a stop wrote on the pipe
+  (none when Serve did not stop in time or Ray's GCS or raylet was gone) or 3 s. Ray rewrites its agents' titles over their
   environment, so the marker alone does not find them.
 
 Linux only (/proc); elsewhere both do nothing. Stdlib only: the watchdog runs as `python -I -S watchdog.py RUN`.
@@ -86,15 +86,16 @@ def alive(procs: set[Proc]) -> set[Proc]:
     return {(pid, start) for pid, start in procs if pid in live and live[pid][1] == start}
 
 
-def named(procs: set[Proc], names: tuple[str, ...]) -> set[Proc]:
-    """Those of `procs` whose command name (/proc/PID/comm) is one of `names`."""
-    out = set()
+def named(procs: set[Proc], names: tuple[str, ...]) -> dict[Proc, str]:
+    """Those of `procs` whose command name (/proc/PID/comm) is one of `names`, with it."""
+    out = {}
     for pid, start in procs:
         try:
-            if (PROC / str(pid) / "comm").read_text().strip() in names:
-                out.add((pid, start))
+            name = (PROC / str(pid) / "comm").read_text().strip()
         except OSError:  # gone meanwhile
-            pass
+            continue
+        if name in names:
+            out[(pid, start)] = name
     return out
 
 
@@ -144,7 +145,7 @@ def _main(run: str) -> None:
             data = os.read(sys.stdin.fileno(), 1024)
             if not data:
                 break  # end of the pipe: `edgekit serve` closed it (a clean stop) or died
-            try:  # a stop that found Ray's core gone asks for no grace period (edgekit.serve.app._end_run)
+            try:  # the stop's own grace period (edgekit.serve.app._end_run)
                 grace_s = float(data.split()[-1])
             except (ValueError, IndexError):
                 pass

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from edgekit.serve import haproxy_shim
-from edgekit.serve.ray_env import haproxy_binary
+from edgekit.serve.ray_env import RETRIES, RETRY_ON, haproxy_binary
 from edgekit.serve.ray_env import haproxy_shim as shim_for
 from tests.conftest import need
 
@@ -46,8 +46,8 @@ def serve_like_config(folder, front: int, stats: int, metrics: int, dead: list[i
             timeout client 10s
             timeout server 10s
             option redispatch 1
-            retry-on conn-failure empty-response junk-response
-            retries 1
+            retry-on {RETRY_ON}
+            retries {RETRIES}
             errorfile 502 {error}
             errorfile 503 {error}
             errorfile 504 {error}
