@@ -289,7 +289,7 @@ def _core_up(known: set) -> bool:
     already ended then is missing from it, and so is counted as gone)."""
     from edgekit.serve import watchdog
 
-    up = set(watchdog.named(watchdog.alive(known), RAY_CORE).values()) == set(RAY_CORE)
+    up = set(RAY_CORE) <= watchdog.names(watchdog.alive(known))
     if not up:
         log.info("Ray's GCS or raylet is gone (a signal to the process group): stopping what is left of Ray")
     return up
@@ -351,10 +351,7 @@ def _end_run(known: set = frozenset(), grace_s: float = 3.0) -> None:
             os.write(proc.stdin.fileno(), f"{grace_s}\n".encode())
         except OSError:
             pass
-        try:
-            proc.stdin.close()  # its lifeline: it reaps what it found (nothing, or Ray's agents) and exits
-        except OSError:
-            pass
+        proc.stdin.close()  # its lifeline: it reaps what it found (nothing, or Ray's agents) and exits
         proc.wait(30)
 
 

@@ -11,8 +11,8 @@ process whose parent died is adopted by init), and nothing else the caller start
 - `watch(run)`: a small process of its own session (a signal to the server's group does not reach it) that notes
   the server's process tree twice a second and waits on a pipe only `edgekit serve` holds open. When that ends
   (exit, crash, SIGKILL), it reaps the run and what the tree held, with the grace period a stop wrote on the pipe
-  (none when Serve did not stop in time or Ray's GCS or raylet was gone) or 3 s. Ray rewrites its agents' titles over their
-  environment, so the marker alone does not find them.
+  (none when Serve did not stop in time or Ray's GCS or raylet was gone) or 3 s. Ray rewrites its agents' titles
+  over their environment, so the marker alone does not find them.
 
 Linux only (/proc); elsewhere both do nothing. Stdlib only: the watchdog runs as `python -I -S watchdog.py RUN`.
 """
@@ -86,16 +86,14 @@ def alive(procs: set[Proc]) -> set[Proc]:
     return {(pid, start) for pid, start in procs if pid in live and live[pid][1] == start}
 
 
-def named(procs: set[Proc], names: tuple[str, ...]) -> dict[Proc, str]:
-    """Those of `procs` whose command name (/proc/PID/comm) is one of `names`, with it."""
-    out = {}
-    for pid, start in procs:
+def names(procs: set[Proc]) -> set[str]:
+    """The command names (/proc/PID/comm) of those of `procs` that still run."""
+    out = set()
+    for pid, _ in procs:
         try:
-            name = (PROC / str(pid) / "comm").read_text().strip()
+            out.add((PROC / str(pid) / "comm").read_text().strip())
         except OSError:  # gone meanwhile
-            continue
-        if name in names:
-            out[(pid, start)] = name
+            pass
     return out
 
 
