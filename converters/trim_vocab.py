@@ -3,7 +3,10 @@
 Kept: every piece the teacher's tokenizer produces on the task corpus, the specials, the 256 byte-fallback
 pieces (so no input becomes a bare unknown), and the single-character pieces of every corpus character (so
 words whose pieces fall outside a budget still split into known pieces). Under a budget the most frequent
-pieces stay. The embedding rows are gathered to the kept pieces' new ids. The new model's normalizer keeps the CJK and
+pieces stay. With `base_words` N, the N most frequent words of the base vocabulary are kept too (a WordPiece
+vocabulary lists its pieces most frequent first: BERT's begins "the", "of", "and"), so that words the task corpus
+never had stay whole instead of splitting into pieces the model never learned; under a budget they come after every
+task piece. The embedding rows are gathered to the kept pieces' new ids. The new model's normalizer keeps the CJK and
 Hangul rules for the characters of its pieces and of the corpus (edgekit.text.normalizer).
 """
 
@@ -25,8 +28,11 @@ class TrimVocabConfig:
     budget: int | None = None  # most pieces in the result, specials and bytes included; None: all task pieces
     max_positions: int | None = None  # also cut the position table to the package's sequence length
     embedding_rank: int | None = None  # also factorise the word embedding to this rank (SVD), None: keep (V, H)
+    base_words: int = 0  # also keep the base vocabulary's this many most frequent words (general English)
 
     def __post_init__(self):
+        if self.base_words < 0:
+            raise ValueError("base_words must be >= 0")
         if self.embedding_rank is not None and self.embedding_rank < 1:
             raise ValueError("embedding_rank must be >= 1")
         if self.budget is not None and self.budget <= N_FIXED:
@@ -46,18 +52,29 @@ def piece_counts(tok: SentencePieceTokenizer, corpus: list[str]) -> tuple[Counte
     return counts, chars
 
 
-def select_pieces(tok: SentencePieceTokenizer, counts: Counter, chars: set[str], budget: int | None) -> list[str]:
-    """Task pieces in the teacher's id order; under a budget, single characters first, then by frequency."""
+def base_words(tok: SentencePieceTokenizer, n: int) -> list[str]:
+    """The first `n` whole-word pieces (two letters or more) of the tokenizer's vocabulary in id order: for a
+    vocabulary converted from WordPiece, its `n` most frequent words. Single characters are left out: BERT's
+    vocabulary lists a thousand of them (every script's letters) before its first word."""
+    words = (p for p in normal_pieces(tok) if p.startswith(WORD_START) and len(p) > 2 and p[1:].isalpha())
+    return [p for p, _ in zip(words, range(n))]
+
+
+def select_pieces(tok: SentencePieceTokenizer, counts: Counter, chars: set[str], budget: int | None,
+                  base: list[str] = ()) -> list[str]:
+    """Task pieces and the `base` pieces, in the teacher's id order; under a budget, single characters first, then
+    task pieces by frequency, then `base` pieces in their order."""
     vocab = set(normal_pieces(tok))
     used = {p for p in counts if p in vocab}
     singles = {c for c in chars if c in vocab}
-    keep = used | singles
+    extra = [p for p in base if p not in used and p not in singles]
+    keep = used | singles | set(extra)
     if budget is not None and N_FIXED + len(keep) > budget:
         room = budget - N_FIXED - len(singles)
         if room < 0:
             raise ValueError(f"budget {budget} is below the {N_FIXED + len(singles)} special, byte and "
                              "single-character pieces this corpus needs")
-        ranked = sorted(used - singles, key=lambda p: (-counts[p], p))
+        ranked = sorted(used - singles, key=lambda p: (-counts[p], p)) + extra
         keep = singles | set(ranked[:room])
     order = {p: i for i, p in enumerate(normal_pieces(tok))}
     return sorted(keep, key=order.__getitem__)
@@ -82,8 +99,9 @@ def trim_vocab(model: JointModel, tokenizer: SentencePieceTokenizer, corpus: lis
     rec = PassRecord("trim_vocab", params_before=count_params(model), bytes_before=param_bytes(model))
     emb_before = model.word_emb.weight.numel() * model.word_emb.weight.element_size()
     counts, chars = piece_counts(tok, corpus)
-    full = select_pieces(tok, counts, chars, None)
-    kept = select_pieces(tok, counts, chars, cfg.budget) if cfg.budget else full
+    base = base_words(tok, cfg.base_words)
+    full = select_pieces(tok, counts, chars, None, base)
+    kept = select_pieces(tok, counts, chars, cfg.budget, base) if cfg.budget else full
     new_tok = SentencePieceTokenizer(build_model_proto(kept, tok.lowercase, corpus), tok.lowercase)
     rows = list(range(N_FIXED)) + [tok.sp.piece_to_id(p) for p in kept]
     gather_embeddings(model, rows, cfg.max_positions)
@@ -93,7 +111,9 @@ def trim_vocab(model: JointModel, tokenizer: SentencePieceTokenizer, corpus: lis
     rec.params_after, rec.bytes_after = count_params(model), param_bytes(model)
     rec.extra = {
         "vocab_before": tok.vocab_size,
-        "vocab_task": N_FIXED + len(full),
+        "vocab_task": N_FIXED + len(full),  # with the base words
+        "base_words": cfg.base_words,
+        "base_pieces_added": len(set(kept) - set(counts) - chars),
         "vocab_after": new_tok.vocab_size,
         "budget": cfg.budget,
         "embedding_bytes_before": emb_before,

@@ -34,6 +34,7 @@ class CompressConfig:
 
     vocab_budget: int | None = None  # most pieces kept (specials and byte pieces included); 0 or None: all
     vocab_corpus: str | None = None  # extra text, one utterance per line, whose pieces the vocabulary keeps
+    base_words: int = 0  # the base vocabulary's most frequent words kept beside the task's pieces (after them)
     param_share: float = 0.25  # non-embedding parameters pruning keeps, share of the teacher's
     total_share: float = 1.0  # all parameters (vocabulary included), share of the teacher's
     # Back-off caps: a gate miss may grow the student up to these shares, never past them (None: no growth).
@@ -59,7 +60,7 @@ class CompressConfig:
 
         if self.vocab_budget is not None and self.vocab_budget <= N_FIXED:
             raise ValueError(f"vocab_budget must exceed the {N_FIXED} special and byte pieces, got {self.vocab_budget}")
-        for name, low in (("prune_layers", 0), ("max_retries", 0), ("prune_samples", 1)):
+        for name, low in (("prune_layers", 0), ("max_retries", 0), ("prune_samples", 1), ("base_words", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if self.embedding_rank is not None and self.embedding_rank < 1:

@@ -156,7 +156,9 @@ def _compression(rep: dict) -> list[str]:
     if "trim_vocab" in passes:
         e = passes["trim_vocab"]["extra"]
         lines.append(f"- **trim_vocab**: {e['vocab_before']:,} → {e['vocab_after']:,} pieces (task vocabulary "
-                     f"{e['vocab_task']:,}, budget {e['budget'] or 'none'}); word embedding "
+                     f"{e['vocab_task']:,}, budget {e['budget'] or 'none'}"
+                     + (f"; the base vocabulary's {e['base_words']:,} most frequent words kept beside it, "
+                        f"{e['base_pieces_added']:,} of them new" if e.get("base_words") else "") + "); word embedding "
                      f"{_size(e['embedding_bytes_before'])} → {_size(e['embedding_bytes_after'])}. Tokenization "
                      f"equal to the teacher's on {_pct(e['tokenization_agreement_full'])}% of task utterances at "
                      f"the full task vocabulary"

@@ -49,7 +49,7 @@ def test_ios_states_only_its_differences_from_android():
     a = resolve(BuildConfig(data="x", out="y", target="android"))
     i = resolve(BuildConfig(data="x", out="y", target="ios"))
     assert i[0].name == "ios" and i[0].stages == a[0].stages and i[1] == a[1]
-    assert a[1].compress.vocab_budget == 8000 and a[1].distill.word_pool and a[1].distill.epochs == 10
+    assert a[1].compress.vocab_budget == 10000 and a[1].distill.word_pool and a[1].distill.epochs == 10
 
 
 def test_trim_gate_backs_off_to_a_larger_vocabulary(tmp_path, tiny_bert):
@@ -64,6 +64,14 @@ def test_trim_gate_backs_off_to_a_larger_vocabulary(tmp_path, tiny_bert):
     assert trim["extra"]["tokenization_agreement_full"] == 1.0
     assert [s["name"] for s in rep["stages"]] == ["teacher", "trim_vocab", "export", "package"]
     assert rep["over_budget"] is None
+    # A budget above the task vocabulary keeps the same pieces as the full vocabulary this build settled on: only
+    # trim_vocab (its own settings changed) runs again, and what follows is reused.
+    above = build(BuildConfig(data=str(DEMO), out=str(tmp_path / "o2"), base_model=str(tiny_bert),
+                              target=profile(tmp_path, intent_drop_pts=0.0, slot_f1_drop_pts=0.0),
+                              stages=["teacher", "trim_vocab", "export", "package"], settings=FAST,
+                              sets=["compress.vocab_budget=100000"]))
+    assert [s["reused"] for s in above["stages"]] == [True, False, True, True]
+    assert "full_vocab" not in next(p for p in above["passes"] if p["name"] == "trim_vocab")["extra"]
 
 
 def test_unmeetable_budget_ships_the_best_try_marked_or_fails_under_strict(tmp_path, tiny_bert):

@@ -35,7 +35,7 @@ def run(ctx: Context) -> TrimResult:
     def attempt(i: int) -> Try:
         tried_budget = budget
         res = trim_vocab(copy.deepcopy(prev.model), prev.tokenizer, texts,
-                         TrimVocabConfig(tried_budget, ctx.max_len, c.embedding_rank))
+                         TrimVocabConfig(tried_budget, ctx.max_len, c.embedding_rank, c.base_words))
 
         def grow(factor: float) -> bool:
             nonlocal budget
@@ -50,14 +50,16 @@ def run(ctx: Context) -> TrimResult:
 
     (res, budget), tries, over = back_off(ctx, "trim_vocab", c.max_retries, attempt)
     model, tok, rec = res.model, res.tokenizer, res.record
+    # a budget at or above the task vocabulary keeps every task piece: the same output as no budget
+    kept_budget = budget if budget is not None and budget < rec.extra["vocab_task"] else None
     rec.metrics = measure(ctx, model, tok, "test")
     answers = argmax_answers(ctx, model, tok)
     teacher = argmax_answers(ctx, ctx.teacher.model, ctx.teacher.tokenizer)
     rec.extra["intent_agreement_with_teacher"] = sum(a["intent"] == b["intent"]
                                                      for a, b in zip(answers, teacher)) / len(answers)
-    if budget is not None:  # the accuracy cost of the budget: the same trim at the full task vocabulary
+    if kept_budget is not None:  # the accuracy cost of the budget: the same trim at the full task vocabulary
         full = trim_vocab(copy.deepcopy(prev.model), prev.tokenizer, texts,
-                          TrimVocabConfig(None, ctx.max_len, c.embedding_rank))
+                          TrimVocabConfig(None, ctx.max_len, c.embedding_rank, c.base_words))
         rec.extra["full_vocab"] = {"vocab": full.record.extra["vocab_after"], "params": full.record.params_after,
                                    "test": measure(ctx, full.model, full.tokenizer, "test")}
     rec.extra["tries"] = tries
@@ -68,6 +70,7 @@ def run(ctx: Context) -> TrimResult:
     row = stage_row("trim_vocab", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds)
     # The output is the kept try: another budget or retry count that keeps the same vocabulary reuses what follows.
     extra = digest_files([Path(c.vocab_corpus)]) if c.vocab_corpus else None
-    out = stage_key("trim_vocab_output", {"budget": budget, "max_len": ctx.max_len, "embedding_rank": c.embedding_rank,
-                                          "vocab_corpus": extra}, ctx.input_key)
+    out = stage_key("trim_vocab_output", {"budget": kept_budget, "max_len": ctx.max_len,
+                                          "embedding_rank": c.embedding_rank, "vocab_corpus": extra,
+                                          **({"base_words": c.base_words} if c.base_words else {})}, ctx.input_key)
     return TrimResult(rec.to_dict(), row, out_key=out, _model=model, _tokenizer=tok)
