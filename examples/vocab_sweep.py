@@ -6,8 +6,8 @@ every dev word is in the task corpus.
     python examples/vocab_sweep.py ../shared/data/snips --target android --tries 8000:0 0:0 0:10000
     python examples/vocab_sweep.py ../shared/data/snips --target server-cpu --base-model mpnet --tries 0:0 0:10000
 
-Each try is BUDGET:BASE_WORDS (`compress.vocab_budget`, 0 for every task piece; `compress.base_words`); `none`
-scores the untrimmed teacher.
+Each try is BUDGET:BASE_WORDS[:RANK] (`compress.vocab_budget`, 0 for every task piece; `compress.base_words`;
+`compress.embedding_rank`, the word embedding factorised by SVD); `none` scores the untrimmed teacher.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def main(data: str, target: str, base_model: str | None, tries: list[str]) -> No
         if t == "none":
             model, tok = ctx.teacher.model, ctx.teacher.tokenizer
         else:
-            budget, base = (int(x) for x in t.split(":"))
+            budget, base, rank = ([int(x) for x in t.split(":")] + [0])[:3]
             res = trim_vocab(copy.deepcopy(ctx.teacher.model), ctx.teacher.tokenizer, texts,
-                             TrimVocabConfig(budget or None, ctx.max_len, base_words=base))
+                             TrimVocabConfig(budget or None, ctx.max_len, rank or None, base_words=base))
             model, tok = res.model, res.tokenizer
         dev, test = (measure(ctx, model, tok, s) for s in ("dev", "test"))
         print(f"{t} | {tok.vocab_size:,} | {100 * dev['intent_acc']:.2f} / {100 * dev.get('slot_f1', 0):.2f} | "

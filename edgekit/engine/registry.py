@@ -48,7 +48,8 @@ _EXPORT_FACTS = ("toolchain", "runtimes")
 SPECS: tuple[StageSpec, ...] = (
     StageSpec("teacher", {"teacher": "*"}, "TeacherResult", makes_model=True),
     StageSpec("trim_vocab", {"compress": ("vocab_budget", "vocab_corpus", "base_words", "embedding_rank",
-                                          "max_retries"), "budget": "*"}, "TrimResult", makes_model=True, facts=("vocab_corpus",)),
+                                          "max_retries"), "budget": "*"}, "TrimResult", makes_model=True,
+              facts=("vocab_corpus",)),
     StageSpec("prune", {"compress": ("param_share", "total_share", "prune_layers", "prune_samples")}, "PruneResult",
               makes_model=True),
     StageSpec("distill", {"compress": ("param_share", "total_share", "max_param_share", "max_total_share",

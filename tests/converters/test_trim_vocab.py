@@ -81,8 +81,6 @@ def test_trim_agreement_on_real_snips_slice():
     assert rec.extra["vocab_after"] < 0.25 * rec.extra["vocab_before"]
 
 
-
-
 def test_base_words_stay_whole_with_their_rows_and_come_after_every_task_piece():
     # make_vocab lists words alphabetically, so here "the base vocabulary's most frequent words" are the first ones:
     # alarm, am, an, banjo, cello, for, in, ... (the task has all but banjo and cello; zither is far down the list)
@@ -91,7 +89,8 @@ def test_base_words_stay_whole_with_their_rows_and_come_after_every_task_piece()
     res = trim_vocab(copy.deepcopy(model), tok, CORPUS, TrimVocabConfig(None, base_words=7))
     new_tok = res.tokenizer
     assert res.record.extra["base_pieces_added"] == 2 and new_tok.vocab_size == plain.tokenizer.vocab_size + 2
-    assert len(new_tok.word_ids("banjo")) == len(new_tok.word_ids("cello")) == 1 < len(plain.tokenizer.word_ids("banjo"))
+    assert len(new_tok.word_ids("banjo")) == len(new_tok.word_ids("cello")) == 1
+    assert len(plain.tokenizer.word_ids("banjo")) > 1
     assert len(new_tok.word_ids("zither")) > 1  # not among the first 7
     # the kept word has the base model's own embedding row, so the model reads it as before the trim
     row = res.model.word_emb.weight[new_tok.word_ids("banjo")[0]]

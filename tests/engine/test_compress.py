@@ -70,8 +70,18 @@ def test_trim_gate_backs_off_to_a_larger_vocabulary(tmp_path, tiny_bert):
                               target=profile(tmp_path, intent_drop_pts=0.0, slot_f1_drop_pts=0.0),
                               stages=["teacher", "trim_vocab", "export", "package"], settings=FAST,
                               sets=["compress.vocab_budget=100000"]))
+    assert tries[-1]["setting"] == "vocabulary budget none"
     assert [s["reused"] for s in above["stages"]] == [True, False, True, True]
     assert "full_vocab" not in next(p for p in above["passes"] if p["name"] == "trim_vocab")["extra"]
+    # A budget that does cut (kept: the gate passes anything), or base words: another vocabulary, so a new export.
+    for sets in (["compress.vocab_budget=330", "compress.max_retries=0"],
+                 ["compress.vocab_budget=0", "compress.base_words=5"]):
+        other = build(BuildConfig(data=str(DEMO), out=str(tmp_path / "o3"), base_model=str(tiny_bert),
+                                  target=profile(tmp_path, intent_drop_pts=100.0, slot_f1_drop_pts=100.0),
+                                  stages=["teacher", "trim_vocab", "export", "package"], settings=FAST, sets=sets))
+        assert [s["reused"] for s in other["stages"]][:3] == [True, False, False], sets
+        assert ("full_vocab" in next(p for p in other["passes"] if p["name"] == "trim_vocab")["extra"]) == (
+            "compress.vocab_budget=330" in sets)
 
 
 def test_unmeetable_budget_ships_the_best_try_marked_or_fails_under_strict(tmp_path, tiny_bert):
