@@ -12,6 +12,7 @@ Hangul rules for the characters of its pieces and of the corpus (edgekit.text.no
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -57,7 +58,7 @@ def base_words(tok: SentencePieceTokenizer, n: int) -> list[str]:
     vocabulary converted from WordPiece, its `n` most frequent words. Single characters are left out: BERT's
     vocabulary lists a thousand of them (every script's letters) before its first word."""
     words = (p for p in normal_pieces(tok) if p.startswith(WORD_START) and len(p) > 2 and p[1:].isalpha())
-    return [p for p, _ in zip(words, range(n))]
+    return list(itertools.islice(words, n))
 
 
 def select_pieces(tok: SentencePieceTokenizer, counts: Counter, chars: set[str], budget: int | None,

@@ -62,6 +62,7 @@ def test_trim_gate_backs_off_to_a_larger_vocabulary(tmp_path, tiny_bert):
     assert len(tries) >= 2 and not tries[0]["passed"] and tries[-1]["passed"]
     assert tries[0]["setting"] == "vocabulary budget 330"
     assert trim["extra"]["tokenization_agreement_full"] == 1.0
+    assert tries[-1]["setting"] == "vocabulary budget none"
     assert [s["name"] for s in rep["stages"]] == ["teacher", "trim_vocab", "export", "package"]
     assert rep["over_budget"] is None
     # A budget above the task vocabulary keeps the same pieces as the full vocabulary this build settled on: only
@@ -70,7 +71,6 @@ def test_trim_gate_backs_off_to_a_larger_vocabulary(tmp_path, tiny_bert):
                               target=profile(tmp_path, intent_drop_pts=0.0, slot_f1_drop_pts=0.0),
                               stages=["teacher", "trim_vocab", "export", "package"], settings=FAST,
                               sets=["compress.vocab_budget=100000"]))
-    assert tries[-1]["setting"] == "vocabulary budget none"
     assert [s["reused"] for s in above["stages"]] == [True, False, True, True]
     assert "full_vocab" not in next(p for p in above["passes"] if p["name"] == "trim_vocab")["extra"]
     # A budget that does cut (kept: the gate passes anything), or base words: another vocabulary, so a new export.
