@@ -155,7 +155,9 @@ def _compression(rep: dict) -> list[str]:
         lines.append("")
     if "trim_vocab" in passes:
         e = passes["trim_vocab"]["extra"]
-        lines.append(f"- **trim_vocab**: {e['vocab_before']:,} → {e['vocab_after']:,} pieces (task vocabulary "
+        # vocab_task counts the base words too when they are kept
+        whole = "task and base vocabulary" if e.get("base_words") else "task vocabulary"
+        lines.append(f"- **trim_vocab**: {e['vocab_before']:,} → {e['vocab_after']:,} pieces ({whole} "
                      f"{e['vocab_task']:,}, budget {e['budget'] or 'none'}"
                      + (f"; the base vocabulary's {e['base_words']:,} most frequent words kept beside it, "
                         f"{e['base_pieces_added']:,} of them new" if e.get("base_words") else "") + "); word embedding "

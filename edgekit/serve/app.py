@@ -177,6 +177,11 @@ def start(package: Path, settings: ServeSettings, host: str = "127.0.0.1", port:
 
     # The HTTP proxy drains for 30 s by default before it stops; the processes a local Ray starts inherit this.
     os.environ.setdefault("RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S", "1")
+    # Serve gives a new proxy actor 5 s to say it is ready, three times over, then kills it. On 2 cores already busy
+    # (a build, a test beside) its worker took longer to start: HAProxy's manager was killed before it ran, and the
+    # Python proxy served at about half the throughput (docs/experiments.md, 2026-12-06). A proxy that fails fast
+    # (an HAProxy that exits) still fails at once.
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "20")
     if not address:  # before Ray starts: its controller reads the proxy choice from the environment it inherits
         os.environ.update(proxy_environment(settings.proxy))
         _begin_run()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import tempfile
 import time
 import uuid
@@ -35,14 +36,17 @@ class Replica:
     def __init__(self, files: dict[str, bytes], settings: ServeSettings):
         s = self.settings = settings
         root = Path(tempfile.mkdtemp(prefix="edgekit-pkg-"))
-        for name, data in files.items():
-            (root / name).write_bytes(data)
-        pkg = Package.load(root)  # every file's sha256, and the runtime's one reading of its JSON files
+        try:
+            for name, data in files.items():
+                (root / name).write_bytes(data)
+            pkg = Package.load(root)  # every file's sha256, and the runtime's one reading of its JSON files
+            runtime = "onnx" if "onnx" in pkg.manifest["models"] else pkg.manifest["primary_runtime"]
+            self.pred = Predictor.open(pkg, runtime, threads=s.threads, providers=s.providers, spin=s.spin)
+        finally:  # the session holds what it needs; a replica killed later must not leave a copy of the package
+            shutil.rmtree(root, ignore_errors=True)
         self.intents = pkg.labels["intents"]
         self.decoding = bool(pkg.manifest.get("decoding"))  # the graph takes an intent mask (allow_intents)
         self.answerable = None if pkg.answerable is None else set(pkg.answerable)  # R14
-        runtime = "onnx" if "onnx" in pkg.manifest["models"] else pkg.manifest["primary_runtime"]
-        self.pred = Predictor.open(pkg, runtime, threads=s.threads, providers=s.providers, spin=s.spin)
         self.id, self.metrics = uuid.uuid4().hex[:8], Metrics(self.pred.provider)
         self.pool = Pool(s.max_batch, self._run)
         # predict_many batched, per instance (serve.batch of a bound method: a queue of this replica's own, and the

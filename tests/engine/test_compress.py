@@ -82,6 +82,9 @@ def test_trim_gate_backs_off_to_a_larger_vocabulary(tmp_path, tiny_bert):
         assert [s["reused"] for s in other["stages"]][:3] == [True, False, False], sets
         assert ("full_vocab" in next(p for p in other["passes"] if p["name"] == "trim_vocab")["extra"]) == (
             "compress.vocab_budget=330" in sets)
+        # the report counts the base words with the task's pieces and says so
+        md = (tmp_path / "o3" / "report.md").read_text()
+        assert ("task and base vocabulary" in md) == ("compress.base_words=5" in sets), sets
 
 
 def test_unmeetable_budget_ships_the_best_try_marked_or_fails_under_strict(tmp_path, tiny_bert):

