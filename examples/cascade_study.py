@@ -93,8 +93,8 @@ def main(device: str, server: str, data: str, target: str, sets: list[str], max_
               for a in dev_ans[s]]
         wp = word_probs(ctx, model, tok, ex[s], ks)
         conf = np.array([a["confidence"] for a in dev_ans[s]])
-        scores[s] = {"intent": conf, "weakest word": np.array([w.min() for w in wp]),
-                     "intent x weakest word": conf * np.array([w.min() for w in wp]),
+        weakest = np.array([w.min() for w in wp])
+        scores[s] = {"intent": conf, "weakest word": weakest, "intent x weakest word": conf * weakest,
                      "intent x every word": conf * np.array([w.prod() for w in wp])}
     base = {s: score(ex[s], dev_ans[s], labels) for s in splits}
     srv = {s: score(ex[s], srv_ans[s], labels) for s in splits}
