@@ -16,7 +16,10 @@ Inputs:  input_ids (1, T) int64, attention_mask (1, T) int64, word_pos (1, T - 2
          word's first piece, 0 past the last word), intent_mask (I,) int32, reject (1,) int32 (1 on, 0 off). Server graphs have
          a dynamic batch axis B in place of 1, and intent_mask (B, I): each utterance its own whitelist.
 Outputs: intent (1,) int64 (I = the reserved oos id unless the data has its own oos class), confidence (1,) float,
-         and with slots tags (1, T) int64: word w's tag id at [0, w], "O" past the last word.
+         and with slots tags (1, T) int64: word w's tag id at [0, w], "O" past the last word, and path_confidence
+         (1,) float: the confidence times each word's probability of its decoded tag (softmax over the predicted
+         intent's slots at the word's first piece). It is low when the intent or any one slot is unsure, which
+         makes it the score the cascade escalates on (schema 4).
 """
 
 from __future__ import annotations
@@ -134,12 +137,15 @@ BACKTRACK = {"executorch": "argmax", "onnx": "table"}
 
 
 def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.Tensor],
-            row: torch.Tensor | None = None, backtrack: str = "argmax", batched: bool = False) -> torch.Tensor:
+            row: torch.Tensor | None = None, backtrack: str = "argmax", batched: bool = False,
+            path_score: bool = False):
     """Best BIO tag sequence over the words. emit (B, T, S) piece scores, word_pos (B, T - 2) the position of
     each word's first piece (0 past the last word), tables from `bio_tables`, row (B,) each example's table row
     (default 0), backtrack "argmax" or "table" (see BACKTRACK). Returns (B, T): word w's tag id at column w, O
     past the last word. Batched, T may be shorter than W + 2 (a dynamic sequence axis: the batch is cut to its
-    longest utterance, the word axis stays the package's); the output is then (B, W + 2).
+    longest utterance, the word axis stays the package's); the output is then (B, W + 2). path_score: also return
+    (B,) the log-probability of the decoded path if words were independent: the sum over words of log softmax of
+    the word's emission over the row's tags (the intent's slots), at the tag chosen.
 
     Unrolled over the fixed length as plain tensor ops, so it exports to any runtime. At this size the cost is
     ExecuTorch portable-kernel calls (about 0.2 us each, more for broadcasting and elementwise maximum), so the
@@ -196,7 +202,13 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
             cur = back[w].gather(2, cur)  # (B, 1, 1)
             path.append(cur)
         path = torch.cat(path[::-1], 2).reshape(B, W)
-    return torch.cat([cols.gather(1, path), o], 1)  # (B, T) tag ids
+    tags = torch.cat([cols.gather(1, path), o], 1)  # (B, T) tag ids
+    if not path_score:
+        return tags
+    # Dummies sit at NEG, so the softmax is over the row's tags only; a word past the end has only O (pad), whose
+    # log-probability is exactly 0, so no mask is needed.
+    logp = torch.log_softmax(e.reshape(B, W, L), -1).gather(2, path[:, :, None])  # (B, W, 1)
+    return tags, logp.reshape(B, W).sum(-1)
 
 
 def _max(x: torch.Tensor) -> torch.Tensor:
@@ -260,8 +272,9 @@ class DecodedModel(nn.Module):
         if not self.has_slots:
             return intent, conf
         # Table row = intent: the Viterbi runs over the predicted intent's slots only (rows past the intents: O).
-        return intent, conf, viterbi(out[1], word_pos, dict(self.bio.named_buffers()), intent, self.backtrack,
-                                     self.batched)
+        tags, logp = viterbi(out[1], word_pos, dict(self.bio.named_buffers()), intent, self.backtrack, self.batched,
+                             path_score=True)
+        return intent, conf, tags, conf * torch.exp(logp)  # path_confidence (B,): the whole answer's probability
 
 
 @dataclass
@@ -350,5 +363,5 @@ def io_names(model: nn.Module) -> tuple[list[str], list[str]]:
     slots = bool(getattr(model.cfg, "n_slots", 0))
     if getattr(model, "decoding", False):
         return (["input_ids", "attention_mask", "word_pos", "intent_mask", "reject"],
-                ["intent", "confidence"] + (["tags"] if slots else []))
+                ["intent", "confidence"] + (["tags", "path_confidence"] if slots else []))
     return ["input_ids", "attention_mask"], ["intent_logits"] + (["slot_logits"] if slots else [])

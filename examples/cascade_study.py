@@ -80,7 +80,7 @@ def exact(ans: list[dict], examples) -> np.ndarray:
 
 def main(device: str, server: str, data: str, target: str, sets: list[str], max_gap: float) -> None:
     from edgekit.scoring.score import labels_of, score
-    from edgekit.tools.compare import cascade_curve, choose_threshold
+    from edgekit.tools.cascade import cascade_curve, choose_threshold
 
     ctx, model, tok = student(data, target, sets)
     labels, splits = labels_of(ctx.data), ("dev", "test")

@@ -1,6 +1,7 @@
 """Device first, server when unsure: the runtime half of the cascade.
 
-The device answers every utterance. When its confidence is below the threshold τ (the manifest's
+The device answers every utterance. When its score (the manifest's `cascade.score`: `path_confidence`, the whole
+answer's probability, in a schema 4 package with slots; else `confidence`) is below the threshold τ (the manifest's
 `cascade.threshold`, calibrated on dev by `edgekit compare`), the utterance is sent to an `edgekit serve`
 server (`POST /predict`) and the server's answer is returned. The app never sees an exception from this path:
 a server that is down, slow past the timeout or answers garbage gives the device answer, flagged
@@ -18,17 +19,20 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
+SCORES = ("confidence", "path_confidence")  # what a device answer may escalate on (the manifest's cascade.score)
 DEFAULT_TIMEOUT_S = 0.3  # without a manifest value: a mobile round trip plus a server answer, with room
 
 
 @dataclass
 class Fallback:
     """Where and when to escalate. url: the server's base URL (`http://host:port`); threshold: escalate when the
-    device confidence is below it; timeout_s: the whole call's budget, connect included."""
+    device answer's `score` (`confidence` or `path_confidence`) is below it; timeout_s: the whole call's budget,
+    connect included."""
 
     url: str
     threshold: float
     timeout_s: float = DEFAULT_TIMEOUT_S
+    score: str = "confidence"
 
     def __post_init__(self):
         if not self.url.startswith(("http://", "https://")):
@@ -37,10 +41,13 @@ class Fallback:
             raise ValueError(f"escalate_below: the cascade threshold is a confidence in [0, 1], got {self.threshold}")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"the fallback timeout must be > 0 seconds, got {self.timeout_s}")
+        if self.score not in SCORES:
+            raise ValueError(f"the cascade score must be one of {', '.join(SCORES)}, got {self.score!r}")
         self.url = self.url.rstrip("/")
 
     def wants(self, answer: dict) -> bool:
-        return answer["confidence"] < self.threshold
+        # a schema 3 answer has no path_confidence: its confidence is then the whole answer's score
+        return answer.get(self.score, answer["confidence"]) < self.threshold
 
     def ask(self, text: str, allow_intents: list[str] | None, reject: bool) -> dict | None:
         """The server's answer, or None when it cannot be had within the timeout (any failure)."""
@@ -68,5 +75,5 @@ class Fallback:
         server = self.ask(text, allow_intents, reject)
         if server is None:
             return device | {"escalated": False, "fallback": "unreachable"}
-        return server | {"escalated": True, "device": {"intent": device["intent"],
-                                                         "confidence": device["confidence"]}}
+        return server | {"escalated": True, "device": {k: device[k] for k in ("intent", "confidence", "path_confidence")
+                                                         if k in device}}

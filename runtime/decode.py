@@ -67,8 +67,9 @@ def intent_name(k: int, labels: dict, oos_id: int | None = None, oos_answer: str
 def decode(text: str, enc: Encoding, outputs: list[np.ndarray], labels: dict, decoded: bool = False,
            oos_id: int | None = None, oos_answer: str = OOS) -> dict:
     """Raw graph: outputs [intent_logits (1, I)] or [intent_logits (1, I), slot_logits (1, T, S)], decoded here
-    by argmax. Decoded graph (decoded=True): [intent (1,), confidence (1,)] or [..., tags (1, T)], final ids, the
-    intent named by `intent_name` (oos_id, oos_answer: the manifest's decoding)."""
+    by argmax. Decoded graph (decoded=True): [intent (1,), confidence (1,)] or [..., tags (1, T)] (schema 4: then
+    path_confidence (1,)), final ids, the intent named by `intent_name` (oos_id, oos_answer: the manifest's
+    decoding)."""
     if decoded:
         k, conf = int(np.asarray(outputs[0]).reshape(-1)[0]), float(np.asarray(outputs[1]).reshape(-1)[0])
         tags = None
@@ -83,6 +84,8 @@ def decode(text: str, enc: Encoding, outputs: list[np.ndarray], labels: dict, de
               "slots": spans(enc.words, text, tags) if tags else []}
     if tags is not None:
         result["tags"] = tags
+    if decoded and len(outputs) > 3:  # the whole answer's probability (schema 4): what the cascade escalates on
+        result["path_confidence"] = float(np.asarray(outputs[3]).reshape(-1)[0])
     if enc.truncated:  # how much the answer saw: {"chars": read, "words": kept (the last may be cut)}
         result["truncated"] = enc.kept()
     return result

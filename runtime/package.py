@@ -13,8 +13,10 @@ from pathlib import Path
 
 from edgekit.runtime.jsonfile import LABELS_BYTES, MANIFEST_BYTES, JSONFileError, loads, read_bounded, read_json
 from edgekit.runtime.protofile import ONNX_DTYPES, onnx_inputs, onnx_outputs, sentencepiece_facts
+from edgekit.runtime.ptefile import PteError, check_segments
 
-SCHEMA_VERSION = 3  # what edgekit writes; the runtime also reads 2 (bool masks), each against its own schema
+SCHEMA_VERSION = 4  # what edgekit writes; the runtime also reads 2 (bool masks) and 3 (no path_confidence), each
+# against its own schema
 MANIFEST = "manifest.json"
 # The runtimes a package may carry, by the name manifests, profiles and --runtime use, and as people read them.
 RUNTIME_NAMES = {"executorch": "ExecuTorch", "onnx": "ONNX Runtime"}
@@ -22,9 +24,11 @@ RUNTIMES = tuple(RUNTIME_NAMES)
 MODEL_FILES = {"executorch": "model.pte", "onnx": "model.onnx"}  # each runtime's model file in a package
 SCHEMA_FILE = "manifest.schema.json"  # JSON Schema of the manifest: the runtime's copy, shipped in every package
 SCHEMA_PATH = Path(__file__).parent / SCHEMA_FILE
-SCHEMA_PATHS = {2: Path(__file__).parent / "manifest-2.schema.json", SCHEMA_VERSION: SCHEMA_PATH}
-MASK_DTYPES = {2: "bool", 3: "int32"}  # the element type of intent_mask and reject, by schema version
-OUTPUT_DTYPES = {"intent": "int64", "confidence": "float32", "tags": "int64"}  # R8, both schema versions
+SCHEMA_PATHS = {2: Path(__file__).parent / "manifest-2.schema.json", 3: Path(__file__).parent / "manifest-3.schema.json",
+                SCHEMA_VERSION: SCHEMA_PATH}
+MASK_DTYPES = {2: "bool", 3: "int32", 4: "int32"}  # the element type of intent_mask and reject, by schema version
+OUTPUT_DTYPES = {"intent": "int64", "confidence": "float32", "tags": "int64", "path_confidence": "float32"}  # R8
+SLOT_OUTPUTS = {2: ["tags"], 3: ["tags"], 4: ["tags", "path_confidence"]}  # the outputs a graph with slots adds
 LABELS_SCHEMA_PATH = Path(__file__).parent / "labels.schema.json"  # the runtime's own; packages do not ship it
 
 
@@ -157,7 +161,7 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
     version = m.get("schema_version")
     if isinstance(version, bool) or version not in SCHEMA_PATHS:
         raise PackageError(f"{where}: schema_version {_short(version)}, this runtime reads "
-                           f"{' and '.join(map(str, SCHEMA_PATHS))}"
+                           f"{', '.join(map(str, list(SCHEMA_PATHS)[:-1]))} and {list(SCHEMA_PATHS)[-1]}"
                            + (" (rebuild the package with this edgekit)" if version == 1 else ""))
     _schema_check(m, where, SCHEMA_PATHS[version])
     m = _as_ints(m)
@@ -188,7 +192,10 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
         ("inputs", shapes == want, f"shapes {_short(shapes, 120)}, expected {want} (R9)"),
         ("seq_axis", m.get("seq_axis") != "dynamic" or shapes[0][0] == "batch",
          "dynamic needs a batched graph ('batch' inputs)"),
-        ("outputs", len(m["outputs"]) == (3 if m["label_sets"]["slot_tags"] else 2), "tags exactly when slot_tags > 0"),
+        ("outputs", m["outputs"][2:] == (SLOT_OUTPUTS[version] if m["label_sets"]["slot_tags"] else []),
+         f"{' and '.join(SLOT_OUTPUTS[version])} exactly when slot_tags > 0"),
+        ("cascade.score", (m.get("cascade") or {}).get("score", "confidence") in m["outputs"],
+         f"{_short((m.get('cascade') or {}).get('score'))} is not one of the outputs {m['outputs']}"),
     ]
     for field, ok, why in facts:
         if not ok:
@@ -279,8 +286,14 @@ def _check_tokenizer(tok: Path, t: dict) -> None:
 def _check_models(root: Path, m: dict) -> None:
     """What the manifest says of the other files, read from them without loading a model: the tokenizer's piece
     count is tokenizer.vocab_size, and each ONNX graph declares the manifest's inputs (names, dtypes, shapes: a
-    fixed dimension is the manifest's number, "batch" is a dynamic one)."""
+    fixed dimension is the manifest's number, "batch" is a dynamic one); a `.pte`'s segment table is one its
+    serializer writes (ptefile: ExecuTorch's own verification does not look)."""
     _check_tokenizer(root / m["tokenizer"]["file"], m["tokenizer"])
+    if "executorch" in m["models"]:
+        try:
+            check_segments(root / m["models"]["executorch"])
+        except PteError as e:
+            raise PackageError(f"{m['models']['executorch']}: {e}") from None
     graphs = [m["models"]["onnx"]] if "onnx" in m["models"] else []
     graphs += [m["tensorrt_model"]] if "tensorrt_model" in m else []
     names = [i["name"] for i in m["inputs"]]
@@ -316,7 +329,8 @@ class Package:
         """Read and check a package folder (docs/package-format.md#checks-on-load): the manifest (inside the folder,
         at most 1 MiB, strict JSON) against its schema, every file it points to listed and inside the folder, each
         file present with its sha256 and size; labels.json against its schema and label_sets; the tokenizer's piece
-        count and the ONNX graph's inputs against the manifest; with `digest`, the manifest's own sha256."""
+        count, the ONNX graph's inputs and a `.pte`'s segment table against the manifest; with `digest`, the
+        manifest's own sha256."""
         root = package_dir(root)
         mpath = root / MANIFEST
         if not mpath.is_file():

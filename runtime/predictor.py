@@ -189,6 +189,7 @@ class Predictor:
         self.decoding = decoding  # the graph decodes (intent mask, rejection, Viterbi) and returns final ids
         self.batched = batched  # the graph has a dynamic batch axis (server profiles)
         self.fallback = fallback  # device first, a server when unsure (runtime/cascade.py)
+        self.path_score = False  # the graph answers path_confidence (schema 4 with slots)
 
     @classmethod
     def open(cls, package: str | Path | Package, runtime: str = "executorch", threads: int = 1,
@@ -198,8 +199,9 @@ class Predictor:
         """Load a package folder for one runtime (`executorch` or `onnx`). providers: ONNX Runtime execution
         providers by short name, in order (default: the package's, else CPU); `provider` says which runs.
         digest: the sha256 of the manifest the app was tested with; any other package is refused.
-        fallback_url: an `edgekit serve` server that answers when the device's confidence is below
-        `escalate_below` (default: the manifest's `cascade.threshold`) within `fallback_timeout_s` (default:
+        fallback_url: an `edgekit serve` server that answers when the device answer's score (the manifest's
+        `cascade.score`: `path_confidence`, or `confidence`) is below `escalate_below` (default: the manifest's
+        `cascade.threshold`) within `fallback_timeout_s` (default:
         the manifest's `cascade.timeout_s`); answers then carry `escalated` (and `fallback` when the server
         could not answer; an utterance that says nothing is never escalated). spin: ONNX Runtime's threads spin-wait
         between calls (off on a shared server). A wrong type is a TypeError, a bad value a ValueError, naming the
@@ -225,11 +227,13 @@ class Predictor:
                                  "--data DATA calibrates one); give a threshold: escalate_below, --escalate-below on "
                                  "the command line")
             fallback = Fallback(fallback_url, float(tau), float(fallback_timeout_s or cas.get("timeout_s")
-                                                                or DEFAULT_TIMEOUT_S))
+                                                                or DEFAULT_TIMEOUT_S), cas.get("score", "confidence"))
         backend = open_backend(runtime, path, threads, pkg.buckets(runtime), **onnx)
         dec = pkg.manifest["decoding"]
-        return cls(backend, load_tokenizer(pkg), pkg.labels, pkg.max_len, True, pkg.batched, fallback,
+        pred = cls(backend, load_tokenizer(pkg), pkg.labels, pkg.max_len, True, pkg.batched, fallback,
                    dec["oos_answer"], pkg.mask_dtype, dec["oos_id"], pkg.answerable)
+        pred.path_score = "path_confidence" in pkg.manifest["outputs"]
+        return pred
 
     @property
     def provider(self) -> str:
@@ -299,6 +303,8 @@ class Predictor:
         ans = {"intent": self.oos_answer, "confidence": 0.0, "slots": []}
         if self.labels.get("slot_tags"):
             ans["tags"] = ["O"] * len(enc.words)
+        if self.path_score:
+            ans["path_confidence"] = 0.0
         if enc.truncated:  # separators past the length limit, and a word after them
             ans["truncated"] = enc.kept()
         return ans

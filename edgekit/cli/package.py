@@ -34,9 +34,10 @@ def predict(
     allow_intents: AllowIntents = None,
     no_reject: NoReject = False,
     fallback: Annotated[Optional[str], typer.Option(
-        help="An `edgekit serve` URL asked when the device is unsure (confidence below the manifest's "
-             "cascade.threshold, or --escalate-below; never for a text that says nothing).")] = None,
-    escalate_below: Annotated[Optional[float], typer.Option(help="With --fallback: the confidence below which the "
+        help="An `edgekit serve` URL asked when the device is unsure (its cascade.score, path_confidence or "
+             "confidence, below the manifest's cascade.threshold, or --escalate-below; never for a text that says "
+             "nothing).")] = None,
+    escalate_below: Annotated[Optional[float], typer.Option(help="With --fallback: the score below which the "
                                                             "server answers.")] = None,
 ):
     """Answer one utterance with a package, as JSON.

@@ -42,7 +42,14 @@ FACTS = {
     "bench": lambda ctx: {"threads": ctx.target.bench_threads, "profile": ctx.target.name},
     # distill.teacher's own key (its recipe, base model and data); nothing when the build's teacher teaches
     "strong_teacher": lambda ctx: {"strong_teacher": ctx.strong.key} if ctx.strong is not None else {},
+    "schema": lambda ctx: {"schema_version": _schema_version()},
 }
+
+
+def _schema_version() -> int:
+    from edgekit.runtime.package import SCHEMA_VERSION  # the graph's outputs follow it (schema 4: path_confidence)
+
+    return SCHEMA_VERSION
 
 
 def key_of(ctx: Context, name: str, input_key: str) -> str:

@@ -33,7 +33,7 @@ class StageSpec:
     # Build facts in its key besides the common ones (edgekit.engine.keys.FACTS): "vocab_corpus" (the file's
     # content), "toolchain" (library versions), "runtimes" (the target's runtimes and buckets), "bench" (threads
     # and profile name: the manifest names the profile and latency is measured on its threads), "strong_teacher"
-    # (distill.teacher's key)
+    # (distill.teacher's key), "schema" (the package schema version: what the exported graph answers)
     facts: tuple[str, ...] = ()
 
     @property
@@ -44,7 +44,7 @@ class StageSpec:
 # ONNX Runtime quantizes its own export, in the export stage: the [quantize] settings only it reads are not in the
 # quantize stage's key.
 ONNX_ONLY = ("method", "percentile", "onnx_weight_only")
-_EXPORT_FACTS = ("toolchain", "runtimes")
+_EXPORT_FACTS = ("toolchain", "runtimes", "schema")
 SPECS: tuple[StageSpec, ...] = (
     StageSpec("teacher", {"teacher": "*"}, "TeacherResult", makes_model=True),
     StageSpec("trim_vocab", {"compress": ("vocab_budget", "vocab_corpus", "base_words", "embedding_rank",

@@ -116,17 +116,25 @@ def cascade_plot(res: dict, path: Path) -> Path:
     c = res["cascade"]
     pts = c["test_curve"]
     x = [100 * p["escalation"] for p in pts]
-    ax.plot(x, [100 * p["accuracy"] for p in pts], "-", color="C0", label="cascade accuracy (intent)")
-    ax.axhline(100 * res["device"]["accuracy"]["test"]["intent_acc"], color="C0", ls=":", label="device alone")
-    ax.axhline(100 * res["server"]["accuracy"]["test"]["intent_acc"], color="C1", ls=":", label="server alone")
     ch = c["test"]
-    ax.plot([100 * ch["escalation"]], [100 * ch["accuracy"]["intent_acc"]], "o", color="C3", markersize=8,
-            label=f"τ = {c['threshold']:.3f} (chosen on dev): {100 * ch['escalation']:.1f}% escalated")
+    # the curve counts what calibration counted: exact match (intent and slots) with slots, else the intent
+    exact = ch.get("exact")
+    what = "exact match" if exact else "intent"
+    alone = {side: exact[side] if exact else res[side]["accuracy"]["test"]["intent_acc"]
+             for side in ("device", "server")}
+    chosen = exact["cascade"] if exact else ch["accuracy"]["intent_acc"]
+    ax.plot(x, [100 * p["accuracy"] for p in pts], "-", color="C0", label=f"cascade accuracy ({what})")
+    ax.axhline(100 * alone["device"], color="C0", ls=":", label="device alone")
+    ax.axhline(100 * alone["server"], color="C1", ls=":", label="server alone")
+    ax.plot([100 * ch["escalation"]], [100 * chosen], "o", color="C3", markersize=8,
+            label=f"τ = {c['threshold']:.3f} on {c.get('score', 'confidence')} (chosen on dev): "
+                  f"{100 * ch['escalation']:.1f}% escalated")
     ax.set_xlabel("utterances escalated to the server (%)")
-    ax.set_ylabel("test intent accuracy (%)")
+    ax.set_ylabel(f"test accuracy, {what} (%)")
     ax.set_xlim(0, min(100.0, max(10.0, 5 * 100 * ch["escalation"])))  # the trade-off sits at low escalation
-    lo = min(100 * res["device"]["accuracy"]["test"]["intent_acc"], 100 * ch["accuracy"]["intent_acc"]) - 1
-    ax.set_ylim(lo, 100.2)
+    lo = min(100 * alone["device"], 100 * chosen) - 1
+    hi = max([100 * p["accuracy"] for p in pts] + [100 * alone["server"]]) + 1
+    ax.set_ylim(lo, min(100.2, hi))
     ax2 = ax.twinx()
     for k, name in enumerate(res["network"]["rtt_ms"]):
         ax2.plot(x, [p["expected_ms"][name] for p in pts], "--", color=f"C{k + 4}",

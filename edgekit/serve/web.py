@@ -192,7 +192,7 @@ def start(package_dir: str | Path, host: str = "127.0.0.1", port: int = 8080, si
     # The schema, paths, listed files and sizes; the sha256 of each file served is checked by routes(), on the
     # bytes it serves (the page never reads model.pte, so it is not hashed here).
     pkg = Package.load(package_dir, verify=False)
-    if pkg.manifest["schema_version"] != SCHEMA_VERSION:  # the page's client reads schema 3 only (R2)
+    if pkg.manifest["schema_version"] != SCHEMA_VERSION:  # the page's client reads the current schema only (R2)
         raise EdgekitError(f"manifest.json: schema_version {pkg.manifest['schema_version']} is not "
                            f"supported by this client (it reads {SCHEMA_VERSION}); rebuild the package with an "
                            f"edgekit that writes schema_version {SCHEMA_VERSION}")

@@ -7,8 +7,9 @@ same run, side by side, and the device-first cascade between them.
   a URL), one request at a time and under the `high` load-test profile.
 - Network: modeled, never measured: the device profile's `[network]` round-trip times added to the measured
   server time, and labelled as modeled.
-- Cascade: the device answers; below the confidence τ the server does. τ is chosen on dev (the fewest
-  escalations whose accuracy is within `cascade.max_gap_pts` of the server alone) and reported on test.
+- Cascade: the device answers; below τ on its score (`path_confidence` in a schema 4 package with slots, else
+  `confidence`) the server does. τ is chosen on dev (the fewest escalations whose accuracy, exact match with
+  slots, is within `cascade.max_gap_pts` of the server alone) and reported on test (edgekit.tools.cascade).
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
-
-import numpy as np
 
 from edgekit.errors import EdgekitError
 from edgekit.runtime.cascade import DEFAULT_TIMEOUT_S
@@ -132,32 +131,6 @@ def server_latency(url: str, texts: list[str], warmup: int) -> list[float]:
     return times
 
 
-# -- the cascade ----------------------------------------------------------------------------------------------
-
-
-def cascade_curve(conf: np.ndarray, device_ok: np.ndarray, server_ok: np.ndarray) -> list[dict]:
-    """For every distinct threshold τ (escalate when confidence < τ): escalation rate and cascade accuracy."""
-    taus = np.unique(np.r_[0.0, conf, np.nextafter(conf.max(), 2.0) if len(conf) else 1.0])
-    out = []
-    for tau in taus:
-        esc = conf < tau
-        out.append({"threshold": float(tau), "escalation": float(esc.mean()),
-                    "accuracy": float(np.where(esc, server_ok, device_ok).mean())})
-    return out
-
-
-def choose_threshold(curve: list[dict], server_acc: float, max_gap_pts: float) -> dict:
-    """The point with the fewest escalations whose accuracy is within `max_gap_pts` of the server alone
-    (escalating everything always qualifies); ties: the higher accuracy."""
-    ok = [p for p in curve if p["accuracy"] >= server_acc - max_gap_pts / 100 - 1e-12]
-    return min(ok, key=lambda p: (p["escalation"], -p["accuracy"]))
-
-
-def expected_latency(device_ms: float, escalation: float, server_ms: float, rtt_ms: float) -> float:
-    """Device latency + P(escalate) x (server latency + round trip)."""
-    return device_ms + escalation * (server_ms + rtt_ms)
-
-
 # -- the whole comparison -------------------------------------------------------------------------------------
 
 
@@ -238,6 +211,7 @@ def compare(device: Path, server: str, data_path: str, cfg: CompareConfig, log=p
     from edgekit.data.dataset import build_seed, load_dataset
     from edgekit.errors import DataError
     from edgekit.scoring.score import labels_of, score
+    from edgekit.tools.cascade import calibrate, expected_latency
 
     seed = build_seed(device)
     data = load_dataset(data_path, fmt, seed)  # splits the data lacks: as the device's build made them
@@ -252,25 +226,16 @@ def compare(device: Path, server: str, data_path: str, cfg: CompareConfig, log=p
     labels = labels_of(data)
     dev = device_side(device, data, cfg, log)
     srv = server_side(server, data, cfg, log)
-    acc = {}
-    for side, res in (("device", dev), ("server", srv)):
-        acc[side] = {s: score(data.splits[s], res["answers"][s], labels) for s in ("dev", "test")}
-    ok = {side: {s: np.array([a["intent"] == ex.intent for a, ex in zip(res["answers"][s], data.splits[s])])
-                 for s in ("dev", "test")} for side, res in (("device", dev), ("server", srv))}
-    conf = {s: np.array([a["confidence"] for a in dev["answers"][s]]) for s in ("dev", "test")}
-    gap = float(dev["cascade"].get("max_gap_pts", 0.1))
-    dev_curve = cascade_curve(conf["dev"], ok["device"]["dev"], ok["server"]["dev"])
-    chosen = choose_threshold(dev_curve, float(ok["server"]["dev"].mean()), gap)
-    tau = chosen["threshold"]
-    esc = conf["test"] < tau
-    mixed = [s if e else d for d, s, e in zip(dev["answers"]["test"], srv["answers"]["test"], esc)]
-    cas_test = score(data.splits["test"], mixed, labels)
+    acc = {side: {s: score(data.splits[s], res["answers"][s], labels) for s in ("dev", "test")}
+           for side, res in (("device", dev), ("server", srv))}
+    cas = calibrate(data.splits, dev["answers"], srv["answers"], labels,
+                    float(dev["cascade"].get("max_gap_pts", 0.1)))
     rtt = {k: float(v) for k, v in dev["network"].get("rtt_ms", {}).items()} or {"loopback": 0.0}
     factor = float(dev["network"].get("p99_rtt_factor", 3.0))
     d50, s50 = dev["latency_ms"]["p50"], srv["latency_ms"]["p50"]
-    test_curve = cascade_curve(conf["test"], ok["device"]["test"], ok["server"]["test"])
-    for p in test_curve:
+    for p in cas["test_curve"]:
         p["expected_ms"] = {k: expected_latency(d50, p["escalation"], s50, r) for k, r in rtt.items()}
+    cas["test"]["expected_ms"] = {k: expected_latency(d50, cas["test"]["escalation"], s50, r) for k, r in rtt.items()}
     return {
         "data": data_path, "utterances": {s: len(data.splits[s]) for s in ("dev", "test")},
         "device": {k: v for k, v in dev.items() if k not in ("answers",)} | {"accuracy": acc["device"]},
@@ -278,19 +243,13 @@ def compare(device: Path, server: str, data_path: str, cfg: CompareConfig, log=p
         "network": {"modeled": True, "rtt_ms": rtt, "p99_rtt_factor": factor,
                     "note": "round trips are modeled from the device profile's [network] table, not measured; the "
                             f"p99 column assumes a round trip's p99 is {factor:g}x its median"},
-        "cascade": {"threshold": tau, "max_gap_pts": gap, "chosen_on": "dev",
-                    "dev": chosen | {"server_accuracy": float(ok["server"]["dev"].mean()),
-                                     "device_accuracy": float(ok["device"]["dev"].mean())},
-                    "test": {"escalation": float(esc.mean()), "accuracy": cas_test,
-                             "expected_ms": {k: expected_latency(d50, float(esc.mean()), s50, r)
-                                             for k, r in rtt.items()}},
-                    "test_curve": test_curve},
+        "cascade": cas,
     }
 
 
-def record_threshold(device: Path, tau: float, timeout_s: float | None = None) -> str:
-    """Write `cascade.threshold` into the device package's manifest (temp file, then rename); returns the new
-    package digest (the manifest changed, so the digest did)."""
+def record_threshold(device: Path, tau: float, timeout_s: float | None = None, score: str = "confidence") -> str:
+    """Write `cascade.threshold` (and, schema 4, `cascade.score`) into the device package's manifest (temp file,
+    then rename); returns the new package digest (the manifest changed, so the digest did)."""
     from edgekit.io import write_json
     from edgekit.runtime import Package
 
@@ -298,6 +257,8 @@ def record_threshold(device: Path, tau: float, timeout_s: float | None = None) -
     man = dict(pkg.manifest)
     man["cascade"] = {"threshold": round(float(tau), 6),
                       "timeout_s": (man.get("cascade") or {}).get("timeout_s") or timeout_s or DEFAULT_TIMEOUT_S}
+    if man["schema_version"] >= 4:  # schema 3 has no score: its cascade escalates on the confidence
+        man["cascade"]["score"] = score
     write_json(Path(device) / MANIFEST, man)
     return Package.load(device).digest
 
@@ -330,7 +291,8 @@ def rows(res: dict) -> list[tuple[str, ...]]:
     for name, ms in ca["expected_ms"].items():
         out.append((f"cascade, {name}", size(d["size_bytes"]), pct(ca["accuracy"]["intent_acc"]),
                     pct(ca["accuracy"].get("slot_f1")), f"{ms:.2f}", "",
-                    f"expected: τ {c['threshold']:.4f}, {100 * ca['escalation']:.1f}% escalated"))
+                    f"expected: {c.get('score', 'confidence')} τ {c['threshold']:.4f}, "
+                    f"{100 * ca['escalation']:.1f}% escalated"))
     return out
 
 
@@ -378,15 +340,17 @@ def finish(res: dict, device: Path, out: Path, record: bool) -> list[str]:
     """After the table: the threshold written into the device manifest (when `record`), compare.json and the
     plots written; returns the lines to print."""
     c = res["cascade"]
-    lines = [f"cascade: τ {c['threshold']:.4f} chosen on dev (fewest escalations within {c['max_gap_pts']:g} pt of "
-             f"the server alone); test: {100 * c['test']['escalation']:.1f}% escalated"]
+    counts = c.get("counts", "intent")
+    lines = [f"cascade: τ {c['threshold']:.4f} on the device's {c.get('score', 'confidence')}, chosen on dev (fewest "
+             f"escalations within {c['max_gap_pts']:g} pt of the server alone, counting {counts}); test: "
+             f"{100 * c['test']['escalation']:.1f}% escalated"]
     dev = c["dev"]
     if dev["escalation"] == 0:  # say why nothing escalates, so τ = 0 does not read as a failure to calibrate
         lines.append(f"  on dev the device alone is already within {c['max_gap_pts']:g} pt of the server "
-                     f"({100 * dev['device_accuracy']:.2f} against {100 * dev['server_accuracy']:.2f}): "
+                     f"({counts}: {100 * dev['device_accuracy']:.2f} against {100 * dev['server_accuracy']:.2f}): "
                      "escalating buys nothing there")
     if record:
-        digest = record_threshold(device, c["threshold"])
+        digest = record_threshold(device, c["threshold"], score=c.get("score", "confidence"))
         lines.append(f"recorded cascade.threshold in {device}/{MANIFEST}; new package digest sha256:{digest}")
     plots = write(res, out)
     return lines + [f"written: {out / 'compare.json'}, {out / 'compare.md'}, "

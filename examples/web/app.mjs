@@ -1,8 +1,9 @@
 /**
  * The page: every keystroke runs the package in this tab (onnxruntime-web, WASM) and shows the intent, its
- * confidence, the slots highlighted in the text and the latency. `edgekit web PKG` serves this folder with the
- * package under ./pkg/. Once loaded it needs no network (sw.js keeps every file it fetched). It reads schema 3
- * packages only (client.mjs): a schema 2 package is refused, with the spec's line shown in the status bar.
+ * confidence, the whole answer's confidence (path_confidence), the slots highlighted in the text and the latency.
+ * `edgekit web PKG` serves this folder with the package under ./pkg/. Once loaded it needs no network (sw.js keeps
+ * every file it fetched). It reads schema 4 packages only (client.mjs): a schema 2 or 3 package is refused, with
+ * the spec's line shown in the status bar.
  */
 import * as ort from "onnxruntime-web/wasm";
 import {SentencePieceProcessor} from "@sctg/sentencepiece-js";
@@ -22,7 +23,7 @@ async function load() {
   ort.env.wasm.wasmPaths = new URL("./", import.meta.url).href;  // the .wasm beside this bundle, never a CDN
   ort.env.wasm.numThreads = 1;  // one core, as an app's foreground call on the phone
   // The JSON files read strictly from their bytes (spec R3: response.json() would drop a byte-order mark and keep
-  // the last of a repeated key), and the manifest checked (a schema 2 package refused, R2) before another fetch
+  // the last of a repeated key), and the manifest checked (a schema 2 or 3 package refused, R2) before another fetch
   const manifest = parseJson(await fetchOk("manifest.json"), "manifest.json", MANIFEST_BYTES);
   checkManifest(manifest);
   const labels = parseJson(await fetchOk(manifest.labels), manifest.labels, LABELS_BYTES);
@@ -55,6 +56,7 @@ function highlight(text, slots) {
 function render(text, answer, ms) {
   $("intent").textContent = answer.intent;
   $("confidence").textContent = answer.confidence.toFixed(3);
+  $("path").textContent = answer.path_confidence === undefined ? "–" : answer.path_confidence.toFixed(3);
   $("latency").textContent = `${ms.toFixed(1)} ms`;
   $("text").replaceChildren(highlight(text, answer.slots));
   $("slots").replaceChildren(...answer.slots.map((s) => {

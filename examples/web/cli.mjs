@@ -4,7 +4,7 @@
  * `node cli.mjs PKG --file texts.txt` prints one line per input line, and on stderr the p50 latency
  * of predict() (tokenize + run + decode) after a warm-up.
  * Options: --allow-intents A,B   --no-reject   --threads N (ONNX Runtime threads, default 1)
- * It reads schema 3 packages only (client.mjs): a schema 2 package, or any package client.mjs refuses, exits 2
+ * It reads schema 4 packages only (client.mjs): a schema 2 or 3 package, or any package client.mjs refuses, exits 2
  * with `error: ` and the refusal's one line (docs/package-format.md R2).
  */
 import {readFile, stat} from "node:fs/promises";
@@ -22,7 +22,7 @@ async function readJson(root, name, maxBytes) {
   return parseJson(await readFile(join(root, name)), name, maxBytes);
 }
 
-/** Open the package folder `root` on onnxruntime-node (a schema 3 package: checkManifest refuses any other). */
+/** Open the package folder `root` on onnxruntime-node (a schema 4 package: checkManifest refuses any other). */
 async function open(root, threads) {
   const manifest = await readJson(root, "manifest.json", MANIFEST_BYTES);
   checkManifest(manifest);
@@ -43,13 +43,13 @@ function pyFloat(x) {
   return Number.isInteger(x) ? x.toFixed(1) : String(x);
 }
 
-/** Python's `json.dumps(value, ensure_ascii=False)`, `confidence` being the one float. */
+/** Python's `json.dumps(value, ensure_ascii=False)`, `confidence` and `path_confidence` being the floats. */
 function pyJson(value, key = null) {
   if (Array.isArray(value)) return `[${value.map((v) => pyJson(v)).join(", ")}]`;
   if (value !== null && typeof value === "object") {
     return `{${Object.entries(value).map(([k, v]) => `${JSON.stringify(k)}: ${pyJson(v, k)}`).join(", ")}}`;
   }
-  return key === "confidence" ? pyFloat(value) : JSON.stringify(value);
+  return key === "confidence" || key === "path_confidence" ? pyFloat(value) : JSON.stringify(value);
 }
 
 /** The answer as `edgekit predict` prints it: without `tags`. */

@@ -1,5 +1,5 @@
 /**
- * A client for edgekit packages (schema version 3), written from docs/package-format.md alone.
+ * A client for edgekit packages (schema version 4), written from docs/package-format.md alone.
  *
  * Runs in Node and in a browser: nothing is imported at the top level (the tests run it with fakes, no npm
  * install). The caller brings the package's files and an ONNX Runtime (onnxruntime-node or onnxruntime-web,
@@ -12,8 +12,8 @@
  *   const pkg = await openPackage({manifest, labels, tokenizerBytes, ort, session});
  *   const answer = await predict(pkg, "play queen on spotify");
  *
- * The spec's rules, where this file applies them: R2 (schema_version 3 only; a schema 2 package, with bool
- * masks, is refused with the spec's line), R3 (parseJson; the integer fields it reads), R4 (labels.json), R5
+ * The spec's rules, where this file applies them: R2 (schema_version 4 only; a schema 2 or 3 package, with bool
+ * masks or without path_confidence, is refused with the spec's line), R3 (parseJson; the integer fields it reads), R4 (labels.json), R5
  * (tokenizer.model's pieces and normalizer), R6 and R7 (tokenize), R8 (int32 masks, int64 ids, the outputs'
  * types), R9 (exact input shapes, phone or server), R10 (seq_axis: always padded to T, which either value
  * allows), R12 (ids out of range), R13 (oos_id, oos_answer and oos_label agree), R14 (allow lists against
@@ -25,7 +25,7 @@
  * its top level (used only by its `load(path)`), so the bundler must stub it (webpack: fallback fs: false).
  */
 
-export const SCHEMA_VERSION = 3;
+export const SCHEMA_VERSION = 4;
 export const NORMALIZER = "edgekit_bert_basic";
 export const MANIFEST_BYTES = 1 << 20;  // R3: the largest manifest.json, 1 MiB
 export const LABELS_BYTES = 4 << 20;  // R3: the largest labels.json, 4 MiB
@@ -35,7 +35,7 @@ const MAX_DEPTH = 32;  // R3: arrays and objects inside one another
 const INPUTS = [["input_ids", "int64"], ["attention_mask", "int64"], ["word_pos", "int64"],
   ["intent_mask", "int32"], ["reject", "int32"]];
 /** The graph's outputs' element types (R8). */
-const OUTPUT_TYPES = {intent: "int64", confidence: "float32", tags: "int64"};
+const OUTPUT_TYPES = {intent: "int64", confidence: "float32", tags: "int64", path_confidence: "float32"};
 /** The special pieces by their text, and the SentencePiece type each must have (R5: 2 UNKNOWN, 3 CONTROL). */
 const SPECIALS = {pad: ["<pad>", 3], unk: ["<unk>", 2], cls: ["[CLS]", 3], sep: ["[SEP]", 3]};
 
@@ -191,12 +191,13 @@ function toBase64(bytes) {
 export function checkManifest(manifest) {
   if (!isObject(manifest)) throw new PackageError("manifest.json: expected a JSON object");
   const version = manifest.schema_version ?? null;  // R2: read before any other field
-  if (version === 2) {
-    throw new PackageError("manifest.json: schema_version 2 is not supported by this client (it reads 3); rebuild " +
-      "the package with an edgekit that writes schema_version 3");
+  if (version === 2 || version === 3) {
+    throw new PackageError(`manifest.json: schema_version ${version} is not supported by this client (it reads ` +
+      `${SCHEMA_VERSION}); rebuild the package with an edgekit that writes schema_version ${SCHEMA_VERSION}`);
   }
   if (version !== SCHEMA_VERSION) {
-    throw new PackageError(`manifest.json: schema_version ${JSON.stringify(version)}, this client reads 3`);
+    throw new PackageError(`manifest.json: schema_version ${JSON.stringify(version)}, this client reads ` +
+      `${SCHEMA_VERSION}`);
   }
   const fail = (path, why) => { throw new PackageError(`manifest.json: ${path}: ${why}`); };
   const at = (path) => path.split(".").reduce((v, key) => {  // a field the schema requires, or refused
@@ -239,7 +240,7 @@ export function checkManifest(manifest) {
         ` (${batched ? "a server package: \"batch\" first on every input" : "a phone package"})`);
     }
   });
-  const outputs = ["intent", "confidence", ...(S > 0 ? ["tags"] : [])];
+  const outputs = ["intent", "confidence", ...(S > 0 ? ["tags", "path_confidence"] : [])];
   if (JSON.stringify(at("outputs")) !== JSON.stringify(outputs)) fail("outputs", `expected ${JSON.stringify(outputs)}`);
   if (Object.hasOwn(manifest, "seq_axis")) {  // R10: this client pads to T, right under either value
     if (!["fixed", "dynamic"].includes(manifest.seq_axis)) fail("seq_axis", 'expected "fixed" or "dynamic"');
@@ -411,8 +412,8 @@ function intentName(pkg, k) {
 }
 
 /**
- * Answer one utterance (spec, Answer): `{intent, confidence, slots, tags, truncated}`, with `tags`
- * only for packages with slots and `truncated` only when something was cut. `allowIntents` is null
+ * Answer one utterance (spec, Answer): `{intent, confidence, slots, tags, path_confidence, truncated}`, with
+ * `tags` and `path_confidence` only for packages with slots and `truncated` only when something was cut. `allowIntents` is null
  * (every intent) or a non-empty list of the package's intents (R14); `reject` (true or false) turns
  * out-of-scope rejection on.
  */
@@ -462,6 +463,7 @@ export async function predict(pkg, text, {allowIntents = null, reject = true} = 
     };
     answer.tags = words.map((_, w) => (out && w < wordPos.length ? tag(w) : "O"));
     answer.slots = groupSlots(answer.tags, words, chars);
+    answer.path_confidence = out ? Number(out.path_confidence.data[0]) : 0;  // the whole answer's probability
   }
   if (cut) {
     const W = wordPos.length;

@@ -9,8 +9,9 @@ import {test} from "node:test";
 import assert from "node:assert/strict";
 import {checkManifest, openPackage, parseJson, predict, tokenize, PackageError} from "./client.mjs";
 
-const SCHEMA_2 = "manifest.json: schema_version 2 is not supported by this client (it reads 3); rebuild the " +
-  "package with an edgekit that writes schema_version 3";
+const OLD = (v) => `manifest.json: schema_version ${v} is not supported by this client (it reads 4); rebuild the ` +
+  "package with an edgekit that writes schema_version 4";
+const SCHEMA_2 = OLD(2);
 
 // --- a package in memory -------------------------------------------------------------------------------------
 
@@ -42,12 +43,12 @@ function modelProto(pieces = PIECES, normalizers = ["edgekit_bert_basic"]) {
     ...normalizers.map((name) => [3, proto([[1, name], [2, "\u0001\u0002"]])])]));
 }
 
-/** A schema 3 manifest: phone (T = 8, I = 3 intents, S = 5 tags) unless `server`. */
+/** A schema 4 manifest: phone (T = 8, I = 3 intents, S = 5 tags) unless `server`. */
 function manifest({T = 8, I = 3, S = 5, server = false} = {}) {
   const B = server ? ["batch"] : [1];
   const file = {sha256: "0".repeat(64), bytes: 1};
   return {
-    schema_version: 3, schema: "manifest.schema.json", created_by: "edgekit 0.4.0", task: "intent",
+    schema_version: 4, schema: "manifest.schema.json", created_by: "edgekit 0.4.0", task: "intent",
     profile: server ? "server-cpu" : "web", max_len: T,
     tokenizer: {type: "sentencepiece", file: "tokenizer.model", normalizer: "edgekit_bert_basic", lowercase: true,
       vocab_size: PIECES.length, special_ids: {pad: 0, unk: 1, cls: 2, sep: 3}},
@@ -57,7 +58,7 @@ function manifest({T = 8, I = 3, S = 5, server = false} = {}) {
       {name: "word_pos", dtype: "int64", shape: [...B, T - 2]},
       {name: "intent_mask", dtype: "int32", shape: server ? ["batch", I] : [I]},
       {name: "reject", dtype: "int32", shape: B}],
-    outputs: ["intent", "confidence", ...(S > 0 ? ["tags"] : [])],
+    outputs: ["intent", "confidence", ...(S > 0 ? ["tags", "path_confidence"] : [])],
     decoding: {policy: "threshold", score: "confidence", threshold: 0.5, temperature: 1.0, oos_id: I,
       allowed_intents: null, oos_answer: "oos"},
     models: {onnx: "model.onnx"}, primary_runtime: "onnx",
@@ -82,7 +83,8 @@ class FakeSentencePiece {
 
 const ort = {Tensor: class { constructor(type, data, dims) { Object.assign(this, {type, data, dims}); } }};
 
-/** A session that records its feeds and answers intent `k`, confidence 0.75 and the tag ids `tags` (padded with
+/** A session that records its feeds and answers intent `k`, confidence 0.75, path_confidence 0.5 and the tag ids
+ * `tags` (padded with
  * 99, which no test's words may read; without `tags`, 0 everywhere), or what `reply(feeds)` returns. */
 function session(m, {k = 0, tags = null, reply = null} = {}) {
   const T = m.max_len;
@@ -94,7 +96,8 @@ function session(m, {k = 0, tags = null, reply = null} = {}) {
       const tagData = BigInt64Array.from({length: T}, (_, w) => BigInt(tags === null ? 0 : tags[w] ?? 99));
       return {intent: {type: "int64", data: BigInt64Array.of(BigInt(k))},
         confidence: {type: "float32", data: Float32Array.of(0.75)},
-        ...(m.outputs.includes("tags") ? {tags: {type: "int64", data: tagData}} : {})};
+        ...(m.outputs.includes("tags") ? {tags: {type: "int64", data: tagData},
+          path_confidence: {type: "float32", data: Float32Array.of(0.5)}} : {})};
     },
   };
 }
@@ -109,7 +112,7 @@ const refused = (pattern) => (err) => err instanceof PackageError && pattern.tes
 test("a good package opens and answers", async () => {
   const pkg = await open({k: 1, tags: [1, 2]});
   const answer = await predict(pkg, "play queen");
-  assert.deepEqual(answer, {intent: "b", confidence: 0.75, tags: ["B-x", "I-x"],
+  assert.deepEqual(answer, {intent: "b", confidence: 0.75, tags: ["B-x", "I-x"], path_confidence: 0.5,
     slots: [{slot: "x", value: "play queen", start: 0, end: 10}]});
   assert.equal(pkg.sp.bytes.length, modelProto().length);  // the tokenizer got tokenizer.model's bytes
 });
@@ -126,12 +129,19 @@ test("R2: a schema 2 package is refused with the spec's line, before any other f
   assert.throws(() => checkManifest(old), (err) => err instanceof PackageError && err.message === SCHEMA_2);
 });
 
+test("R2: a schema 3 package (no path_confidence) is refused with the spec's line", () => {
+  const m = manifest();
+  m.schema_version = 3;
+  m.outputs = ["intent", "confidence", "tags"];
+  assert.throws(() => checkManifest(m), {message: OLD(3)});
+});
+
 test("R2: any other schema_version is refused with the spec's line, the value as JSON", () => {
-  for (const [v, shown] of [[4, "4"], [1, "1"], ["3", '"3"'], [null, "null"], [undefined, "null"], [3.5, "3.5"]]) {
+  for (const [v, shown] of [[5, "5"], [1, "1"], ["4", '"4"'], [null, "null"], [undefined, "null"], [4.5, "4.5"]]) {
     const m = manifest();
     if (v === undefined) delete m.schema_version;
     else m.schema_version = v;
-    assert.throws(() => checkManifest(m), {message: `manifest.json: schema_version ${shown}, this client reads 3`});
+    assert.throws(() => checkManifest(m), {message: `manifest.json: schema_version ${shown}, this client reads 4`});
   }
   assert.throws(() => checkManifest([]), refused(/expected a JSON object/));
 });
@@ -250,7 +260,7 @@ test("R6: the part read is the first 32 T code points; a word across the limit i
   t = tokenize(pkg, " ".repeat(256) + "play");  // words past the limit only
   assert.deepEqual([t.words, t.cut, t.said], [[], true, false]);
   assert.deepEqual(await predict(pkg, " ".repeat(256) + "play"),
-    {intent: "oos", confidence: 0, slots: [], tags: [], truncated: {chars: 0, words: 0}});
+    {intent: "oos", confidence: 0, slots: [], tags: [], path_confidence: 0, truncated: {chars: 0, words: 0}});
   // step 4: T = 8 leaves 6 positions; the second word keeps its first 2 pieces and is cut
   t = tokenize(pkg, "aaaa bbbb cc");
   assert.deepEqual([t.ids, t.wordPos, t.cut], [[2, 4, 4, 4, 4, 4, 4, 3], [1, 5], true]);
@@ -261,7 +271,8 @@ test("R6: the part read is the first 32 T code points; a word across the limit i
 test("R6, R7: 32 T zero-width characters before a word say nothing: no model call", async () => {
   const pkg = await open();
   const answer = await predict(pkg, "\u200b".repeat(256) + " play");
-  assert.deepEqual(answer, {intent: "oos", confidence: 0, slots: [], tags: ["O"], truncated: {chars: 256, words: 1}});
+  assert.deepEqual(answer, {intent: "oos", confidence: 0, slots: [], tags: ["O"], path_confidence: 0,
+    truncated: {chars: 256, words: 1}});
   assert.equal(pkg.session.calls.length, 0);
 });
 
@@ -272,7 +283,7 @@ test("R7: a word encoded as <unk> says something; a word with no pieces does not
   assert.equal(pkg.session.calls.length, 1);
   for (const [text, tags] of [["\u200b", ["O"]], ["", []], [" \t ", []], ["\ufeff \u200d", ["O", "O"]]]) {
     const answer = await predict(pkg, text, {reject: false});
-    assert.deepEqual(answer, {intent: "oos", confidence: 0, slots: [], tags}, JSON.stringify(text));
+    assert.deepEqual(answer, {intent: "oos", confidence: 0, slots: [], tags, path_confidence: 0}, JSON.stringify(text));
   }
   assert.equal(pkg.session.calls.length, 1);
   // a word without pieces among words with pieces stays [unk], and the model answers
@@ -308,7 +319,7 @@ test("R8: the masks are int32 (0/1), the ids int64", async () => {
   assert.deepEqual([...first.word_pos.data], [1n, 2n, 0n, 0n, 0n, 0n]);
 });
 
-test("R8: a manifest with bool masks (or other types) under schema 3 is refused", () => {
+test("R8: a manifest with bool masks (or other types) under schema 4 is refused", () => {
   for (const [k, dtype] of [[3, "bool"], [4, "bool"], [4, "uint8"], [0, "int32"]]) {
     const m = manifest();
     m.inputs[k].dtype = dtype;
@@ -319,6 +330,8 @@ test("R8: a manifest with bool masks (or other types) under schema 3 is refused"
   [m.inputs[0], m.inputs[1]] = [m.inputs[1], m.inputs[0]];
   assert.throws(() => checkManifest(m), refused(/inputs.0: expected input_ids int64/));
   assert.throws(() => checkManifest({...manifest(), outputs: ["intent", "confidence"]}),
+    refused(/^manifest.json: outputs/));
+  assert.throws(() => checkManifest({...manifest(), outputs: ["intent", "confidence", "tags"]}),  // schema 3's
     refused(/^manifest.json: outputs/));
 });
 
@@ -358,7 +371,8 @@ test("R9: input shapes are exactly the phone's or the server's", () => {
 test("R9: a server package (\"batch\" first) is fed as a batch of one", async () => {
   const pkg = await open({m: manifest({server: true}), k: 1, tags: [3]});
   assert.deepEqual(await predict(pkg, "play", {allowIntents: ["b"]}),
-    {intent: "b", confidence: 0.75, tags: ["B-y"], slots: [{slot: "y", value: "play", start: 0, end: 4}]});
+    {intent: "b", confidence: 0.75, tags: ["B-y"], path_confidence: 0.5,
+      slots: [{slot: "y", value: "play", start: 0, end: 4}]});
   const feeds = pkg.session.calls[0];
   assert.deepEqual(Object.values(feeds).map((t) => t.dims), [[1, 8], [1, 8], [1, 6], [1, 3], [1]]);
   assert.deepEqual([...feeds.intent_mask.data], [0, 1, 0]);

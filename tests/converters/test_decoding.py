@@ -186,7 +186,7 @@ def test_intent_mask_renormalises_over_allowed_intents():
             logits = raw(torch.from_numpy(arrays[0]), torch.from_numpy(arrays[1]))[0][0]
         for allowed in ([True, False, True], [False, True, False]):
             arrays[3] = np.asarray(allowed)
-            intent, conf, _ = run_eager(dm, arrays)
+            intent, conf, _, _ = run_eager(dm, arrays)
             ok = torch.tensor(allowed)
             probs = torch.softmax(logits[ok], -1)
             assert allowed[intent[0]]
@@ -200,7 +200,7 @@ def test_build_time_whitelist_and_rejection():
         assert run_eager(dm, arrays)[0][0] == 1
     always, _ = with_decoding(tiny(), DecodingConfig(INTENTS, TAGS, threshold=1.0))  # rejects everything
     for arrays in graph_inputs():
-        intent, _, tags = run_eager(always, arrays)
+        intent, _, tags, _ = run_eager(always, arrays)
         assert intent[0] == len(INTENTS) and (tags == 0).all()  # oos answers no slots
         arrays[4] = np.asarray([False])  # --no-reject
         assert run_eager(always, arrays)[0][0] < len(INTENTS)
@@ -213,7 +213,7 @@ def test_slots_follow_the_intent_whitelist_and_bio():
                                                                               "weather": set()}))
     allowed = {0: {"a"}, 1: {"b"}, 2: set()}
     for arrays in graph_inputs(8):
-        intent, _, tags = run_eager(dm, arrays)
+        intent, _, tags, _ = run_eager(dm, arrays)
         n = int((arrays[2] > 0).sum())
         names = [TAGS[i] for i in tags[0, :n]]
         assert {t[2:] for t in names if t != "O"} <= allowed[int(intent[0])]
@@ -277,3 +277,28 @@ def test_decoding_graph_exports_to_both_runtimes(tmp_path, n_slots):
         p = rec.extra["parity"]
         assert p["intent_argmax_agree"] == 1.0 and p["max_abs_diff"] < 1e-4
         assert p["slot_argmax_agree"] == (1.0 if n_slots else None)
+
+
+@pytest.mark.parametrize("runtime,batched", [("executorch", False), ("onnx", False), ("onnx", True)])
+def test_path_confidence_is_the_confidence_times_each_words_probability_of_its_decoded_tag(runtime, batched):
+    raw = tiny()
+    cfg = DecodingConfig(INTENTS, TAGS, intent_slots={"play": {"a"}, "stop": {"a", "b"}, "pause": set()})
+    dm, _ = with_decoding(raw, cfg)
+    dm = dm.for_runtime(runtime, batched)
+    table = intent_slot_table(INTENTS, TAGS, cfg.intent_slots, len(INTENTS) + 1).numpy()  # (I + 1, S)
+    seen = set()
+    for arrays in graph_inputs(6) + graph_inputs(2, mask=[False, False, True]):
+        if batched:
+            arrays[3] = arrays[3][None]
+        intent, conf, tags, path = run_eager(dm, arrays)
+        with torch.no_grad():
+            slot_logits = raw(torch.from_numpy(arrays[0]), torch.from_numpy(arrays[1]))[1][0].double().numpy()
+        k, words = int(intent[0]), [int(p) for p in arrays[2][0] if p > 0]  # (T, S); first pieces
+        logp = 0.0
+        for w, pos in enumerate(words):  # softmax over the intent's tags only, at the tag the Viterbi chose
+            z = slot_logits[pos] + table[k]
+            logp += z[tags[0, w]] - np.log(np.exp(z - z.max()).sum()) - z.max()
+        np.testing.assert_allclose(path[0], conf[0] * np.exp(logp), rtol=1e-4)
+        assert 0 < path[0] <= conf[0]
+        seen.add(k)
+    assert len(seen) > 1  # more than one intent's slot table was exercised

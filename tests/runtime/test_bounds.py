@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgekit.engine import BuildConfig, build
-from edgekit.runtime import Predictor
+from edgekit.runtime import Package, Predictor
+from edgekit.runtime.package import PackageError
 from edgekit.runtime.tokenizer import (
     CACHE_BYTES,
     InputError,
@@ -24,6 +25,7 @@ from edgekit.runtime.tokenizer import (
 from edgekit.text.wordpiece import WordPieceTokenizer
 
 from ..conftest import DEMO
+from .test_package_json import resign
 
 RUNTIMES = ("executorch", "onnx")
 CALL_BOUND_S = 2.0  # a generous bound on one call (they take milliseconds): it catches work that grows with input
@@ -172,9 +174,10 @@ def test_wordpiece_tokenizer_is_bounded_too():
     assert enc.input_ids[:8] == [2, 4, 5, 5, 5, 5, 5, 3] and enc.n_words_kept == 1 and enc.truncated
 
 
-def test_50_byte_flips_in_the_pte_with_its_sha256_recomputed_never_crash_the_process(pkg, tmp_path):
-    """The loader verifies the program (ExecuTorch's InternalConsistency): a flip gives a clean error or, in the
-    weights, a valid answer. One subprocess runs all 50 (a crash would kill it; it says how far it got)."""
+def test_50_byte_flips_in_the_pte_header_with_its_sha256_recomputed_never_crash_the_process(pkg, tmp_path):
+    """The loader verifies the program's structure (ExecuTorch's InternalConsistency, and ptefile its segment
+    table): a flip in the first 4 KiB gives a clean error or a valid answer. One subprocess runs all 50 (a crash
+    would kill it; it says how far it got)."""
     script = tmp_path / "flips.py"
     script.write_text(FLIPS.format(pkg=str(pkg), work=str(tmp_path / "work")))
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
@@ -195,8 +198,9 @@ from edgekit.runtime.package import PackageError
 src, work = Path({pkg!r}), Path({work!r})
 data = (src / "model.pte").read_bytes()
 rng = random.Random(0)
-# half the flips in the first 4 KiB (header, flatbuffer tables), half anywhere (mostly weights)
-offsets = [rng.randrange(min(4096, len(data))) for _ in range(25)] + [rng.randrange(len(data)) for _ in range(25)]
+# the first 4 KiB: the header, the program's root tables and its segment table (deeper flips, in an instruction's
+# operator index or an XNNPACK payload, can crash ExecuTorch 1.4.1: docs/guarantees.md)
+offsets = [rng.randrange(min(4096, len(data))) for _ in range(50)]
 for k, off in enumerate(offsets):
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(src, work)
@@ -245,3 +249,32 @@ def answers_or_value_error(p: Predictor, text: str) -> None:
 @given(text=TEXTS)
 def test_any_unicode_gets_an_answer_or_the_documented_error(preds, runtime, text):
     answers_or_value_error(preds[runtime], text)
+
+
+def test_a_segment_table_the_serializer_would_not_write_is_one_package_error(pkg, tmp_path):
+    """ExecuTorch loads a program whose segment table a flipped bit emptied (offset 0, size 0) and crashes on the
+    first call; ptefile refuses it on load, and a segment past the segment data too."""
+    import shutil
+
+    from edgekit.runtime.ptefile import _field, _u, segments
+
+    data = (pkg / "model.pte").read_bytes()
+    table, size = segments(data)
+    assert len(table) > 2 and all(b[0] >= a[0] + a[1] for a, b in zip(table, table[1:])) and size > 0
+    root = _u(data, 0, "<I")
+    vec = _field(data, root, 4) + _u(data, _field(data, root, 4), "<I")  # Program.segments
+
+    def segment_field(k, f):  # the byte position of segment k's offset (f 0) or size (f 1)
+        item = vec + 4 + 4 * k
+        return _field(data, item + _u(data, item, "<I"), f)
+
+    last = len(table) - 1
+    for k, f, value in ((2, 0, 0), (last, 1, size)):  # segment 2 at offset 0; the last one too long
+        bad = bytearray(data)
+        bad[segment_field(k, f):segment_field(k, f) + 8] = value.to_bytes(8, "little")
+        work = tmp_path / f"p{k}"
+        shutil.copytree(pkg, work)
+        (work / "model.pte").write_bytes(bytes(bad))
+        resign(work)
+        with pytest.raises(PackageError, match=f"model.pte: segment {k} "):
+            Package.load(work)

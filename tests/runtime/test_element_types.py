@@ -1,4 +1,4 @@
-"""Schema 3's graphs take and give only element types every phone and web binding creates (int64, int32,
+"""Schema 3's and 4's graphs take and give only element types every phone and web binding creates (int64, int32,
 float32: docs/package-format.md, "Element types"). The package stage checks each graph it ships and records what it
 found (report: package.element_types); here, a small ios package (tests/runtime/test_bounds.py build_small) on both
 runtimes, read back from its files. Every build in the suite runs the same check, and these builds record it:
@@ -15,7 +15,7 @@ from edgekit.runtime.package import MODEL_FILES
 from tests.runtime.test_bounds import build_small
 
 # what each input and output is, by name, in both files (docs/package-format.md, Inputs and Outputs)
-WANT = {"inputs": ["int64", "int64", "int64", "int32", "int32"], "outputs": ["int64", "float32", "int64"]}
+WANT = {"inputs": ["int64", "int64", "int64", "int32", "int32"], "outputs": ["int64", "float32", "int64", "float32"]}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_every_input_and_output_has_a_type_from_the_table(pkg, runtime):
     package = next(p for p in report["passes"] if p["name"] == "package")["extra"]["package"]
     assert package["element_types"][runtime] == types  # recorded by the build
     m = Package.load(pkg).manifest
-    assert [i["dtype"] for i in m["inputs"]] == WANT["inputs"] and m["schema_version"] == 3
+    assert [i["dtype"] for i in m["inputs"]] == WANT["inputs"] and m["schema_version"] == 4
     assert m["profile"] == "ios"
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from edgekit.runtime.package import SCHEMA_FILE, SCHEMA_PATHS, Package, PackageError
+from edgekit.runtime.package import SCHEMA_FILE, SCHEMA_PATHS, SCHEMA_VERSION, Package, PackageError
 
 FILES = ["model.onnx", "tokenizer.model", "labels.json", SCHEMA_FILE]
 
@@ -37,7 +37,8 @@ def proto(*fields: tuple[int, int | bytes | str]) -> bytes:
 
 DTYPES = {"int64": 7, "int32": 6, "float32": 1, "bool": 9}  # ONNX TensorProto.DataType
 OUTPUTS = [{"name": "intent", "dtype": "int64", "shape": [1]}, {"name": "confidence", "dtype": "float32", "shape": [1]},
-           {"name": "tags", "dtype": "int64", "shape": [1, 16]}]
+           {"name": "tags", "dtype": "int64", "shape": [1, 16]}, {"name": "path_confidence", "dtype": "float32",
+                                                                "shape": [1]}]
 
 
 def onnx_graph(inputs: list[dict], outputs: list[dict] = OUTPUTS) -> bytes:
@@ -72,11 +73,11 @@ INPUTS = [{"name": "input_ids", "dtype": "int64", "shape": [1, 16]},
           {"name": "word_pos", "dtype": "int64", "shape": [1, 14]},
           {"name": "intent_mask", "dtype": "int32", "shape": [2]},
           {"name": "reject", "dtype": "int32", "shape": [1]}]
-MODEL = onnx_graph(INPUTS)  # the hand-made package's model.onnx
+MODEL = onnx_graph(INPUTS)  # the hand-made package's model.onnx (schema 4)
 LABELS = {"intents": ["a", "b"], "slot_tags": ["O"], "oos_label": None}
 
 
-def write_package(root, version: int = 3, labels: dict = LABELS, tokenizer: bytes | None = None,
+def write_package(root, version: int = SCHEMA_VERSION, labels: dict = LABELS, tokenizer: bytes | None = None,
                   model: bytes | None = None, **over):
     """A package folder whose model and tokenizer are the least Package.load reads (the graph's inputs and
     outputs, 8 pieces), with a full manifest of schema `version` (2: bool masks) listing them (`over` edits it)."""
@@ -85,7 +86,8 @@ def write_package(root, version: int = 3, labels: dict = LABELS, tokenizer: byte
     inputs[3]["shape"] = [len(labels["intents"])]
     if version == 2:
         inputs[3]["dtype"] = inputs[4]["dtype"] = "bool"
-    files = {"model.onnx": model or onnx_graph(inputs), "tokenizer.model": tokenizer or spm_model(8),
+    outputs = OUTPUTS[: 4 if version >= 4 else 3]  # schema 4 adds path_confidence
+    files = {"model.onnx": model or onnx_graph(inputs, outputs), "tokenizer.model": tokenizer or spm_model(8),
              "labels.json": json.dumps(labels).encode(), SCHEMA_FILE: SCHEMA_PATHS[version].read_bytes()}
     for name, data in files.items():
         (root / name).write_bytes(data)
@@ -95,10 +97,11 @@ def write_package(root, version: int = 3, labels: dict = LABELS, tokenizer: byte
                        "lowercase": True, "vocab_size": 8, "special_ids": {"pad": 0, "unk": 1, "cls": 2, "sep": 3}},
          "labels": "labels.json", "label_sets": {"intents": len(labels["intents"]), "slot_tags": 1},
          "inputs": inputs,
-         "outputs": ["intent", "confidence", "tags"],
+         "outputs": [o["name"] for o in outputs],
          "decoding": {"policy": "threshold", "score": "confidence", "threshold": 0.5, "temperature": 1.0,
                       "oos_id": len(labels["intents"]), "allowed_intents": None, "oos_answer": "oos"},
-         "models": {"onnx": "model.onnx"}, "primary_runtime": "onnx", "cascade": {"threshold": None, "timeout_s": 0.3},
+         "models": {"onnx": "model.onnx"}, "primary_runtime": "onnx",
+         "cascade": {"threshold": None, "timeout_s": 0.3} | ({"score": "path_confidence"} if version >= 4 else {}),
          "files": {n: {"sha256": hashlib.sha256(d).hexdigest(), "bytes": len(d)} for n, d in files.items()}}
     m.update(over)
     (root / "manifest.json").write_text(json.dumps(m, indent=1))
@@ -145,8 +148,8 @@ def test_a_good_package_loads_and_its_digest_is_the_manifests_sha256(tmp_path):
     (lambda m: m["cascade"].update(threshold=1.5), "cascade.threshold: 1.5 is greater than the maximum of 1"),
     (lambda m: m.update(extra_field=1), "Additional properties are not allowed ('extra_field' was unexpected)"),
     (lambda m: m.update(label_sets={"intents": 2, "slot_tags": 2}), "slot_tags: 1 names, the manifest's label_sets"),
-    (lambda m: m.update(schema_version=1), "schema_version 1, this runtime reads 2 and 3 (rebuild the package"),
-    (lambda m: m.update(schema_version=4), "schema_version 4, this runtime reads 2 and 3"),
+    (lambda m: m.update(schema_version=1), "schema_version 1, this runtime reads 2, 3 and 4 (rebuild the package"),
+    (lambda m: m.update(schema_version=5), "schema_version 5, this runtime reads 2, 3 and 4"),
     (lambda m: m["files"]["model.onnx"].update(sha256="xyz"), "files.model.onnx.sha256: 'xyz' does not match"),
     (lambda m: m["cascade"].update(timeout_s=float("inf")), "invalid JSON (Infinity is not JSON)"),
     (lambda m: m["decoding"].update(temperature=float("nan")), "invalid JSON (NaN is not JSON)"),
@@ -154,7 +157,11 @@ def test_a_good_package_loads_and_its_digest_is_the_manifests_sha256(tmp_path):
     (lambda m: m.update(primary_runtime="executorch"), "primary_runtime: 'executorch' has no model in models"),
     (lambda m: m["decoding"].update(oos_id=3), "decoding.oos_id: above the 2 intents"),
     (lambda m: m["inputs"][2].update(shape=[1, 16]), "inputs: shapes [[1, 16], [1, 16], [1, 16], [2], [1]], expected"),
-    (lambda m: m.update(outputs=["intent", "confidence"]), "outputs: tags exactly when slot_tags > 0"),
+    (lambda m: m.update(outputs=["intent", "confidence"]), "outputs: tags and path_confidence exactly when slot_tags > 0"),
+    (lambda m: m.update(outputs=["intent", "confidence", "tags"]), "outputs: tags and path_confidence exactly when"),
+    (lambda m: m["cascade"].pop("score"), "cascade: 'score' is a required property"),
+    (lambda m: m.update(outputs=["intent", "confidence"], label_sets={"intents": 2, "slot_tags": 0}),
+     "cascade.score: 'path_confidence' is not one of the outputs ['intent', 'confidence']"),
     (lambda m: m.update(buckets={"executorch": [{"max_len": 8, "method": "forward_8"},
                                                 {"max_len": 16, "method": "forward"}]}),
      "buckets: names a runtime that has no model"),

@@ -30,11 +30,13 @@ def refused(root, words: str) -> None:
 
 def test_r1_each_schema_version_has_its_own_schema_and_id_and_the_packages_copy_has_no_say(tmp_path):
     ids = {v: schema(p)["$id"] for v, p in SCHEMA_PATHS.items()}
-    assert ids == {2: "https://edgekit.dev/schemas/manifest/2.json", 3: "https://edgekit.dev/schemas/manifest/3.json"}
+    assert ids == {v: f"https://edgekit.dev/schemas/manifest/{v}.json" for v in (2, 3, 4)}
     assert Package.load(write_package(tmp_path / "two", version=2)).mask_dtype == "bool"
-    root = write_package(tmp_path / "three")
+    three = Package.load(write_package(tmp_path / "three", version=3)).manifest  # no path_confidence, no score
+    assert three["outputs"] == ["intent", "confidence", "tags"] and "score" not in three["cascade"]
+    root = write_package(tmp_path / "four")
     assert Package.load(root).mask_dtype == "int32"
-    edit_manifest(root, lambda m: m["inputs"][3].update(dtype="bool"))  # schema 2's mask type under version 3
+    edit_manifest(root, lambda m: m["inputs"][3].update(dtype="bool"))  # schema 2's mask type under version 4
     refused(root, "inputs.3.dtype: 'int32' was expected")
     edit_manifest(root, lambda m: m["inputs"][3].update(dtype="int32"))
     (root / "manifest.schema.json").write_text("{}")  # a package cannot loosen its own rules
@@ -43,10 +45,10 @@ def test_r1_each_schema_version_has_its_own_schema_and_id_and_the_packages_copy_
     refused(root, "Additional properties are not allowed ('surprise' was unexpected)")
 
 
-@pytest.mark.parametrize("version,words", [(1, "schema_version 1, this runtime reads 2 and 3 (rebuild the package"),
-                                           (4, "schema_version 4, this runtime reads 2 and 3"),
-                                           ("3", "schema_version '3', this runtime reads 2 and 3"),
-                                           (None, "schema_version None, this runtime reads 2 and 3")])
+@pytest.mark.parametrize("version,words", [(1, "schema_version 1, this runtime reads 2, 3 and 4 (rebuild the package"),
+                                           (5, "schema_version 5, this runtime reads 2, 3 and 4"),
+                                           ("3", "schema_version '3', this runtime reads 2, 3 and 4"),
+                                           (None, "schema_version None, this runtime reads 2, 3 and 4")])
 def test_r2_other_schema_versions_are_refused_in_one_line(tmp_path, version, words):
     root = write_package(tmp_path / "p", schema_version=version)
     if version is None:
@@ -123,26 +125,27 @@ def test_r5_the_last_normalizer_spec_wins(tmp_path):
 
 
 @pytest.mark.parametrize("outputs,words", [
-    ([dict(OUTPUTS[0]), dict(OUTPUTS[1], dtype="int64"), OUTPUTS[2]], "the graph's outputs are [('intent', 'int64 [1]'"),
-    (OUTPUTS[:2], "the manifest's outputs say ['intent', 'confidence', 'tags'] (intent int64, confidence float32"),
-    ([OUTPUTS[1], OUTPUTS[0], OUTPUTS[2]], "the graph's outputs are [('confidence', 'float32 [1]')"),
+    ([dict(OUTPUTS[0]), dict(OUTPUTS[1], dtype="int64"), *OUTPUTS[2:]], "the graph's outputs are [('intent', 'int64 [1]'"),
+    (OUTPUTS[:3], "the manifest's outputs say ['intent', 'confidence', 'tags', 'path_confidence'] (intent int64, "),
+    ([*OUTPUTS[:3], dict(OUTPUTS[3], dtype="int64")], "path_confidence float32)"),
+    ([OUTPUTS[1], OUTPUTS[0], *OUTPUTS[2:]], "the graph's outputs are [('confidence', 'float32 [1]')"),
 ])
 def test_r8_the_onnx_graphs_outputs_have_the_tables_types(tmp_path, outputs, words):
     inputs = json.loads((write_package(tmp_path / "q") / "manifest.json").read_text())["inputs"]
     refused(write_package(tmp_path / "p", model=onnx_graph(inputs, outputs)), words)
 
 
-@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("version", [2, 3, 4])
 @pytest.mark.parametrize("k,shape,words", [(0, [16], "(R9)"), (4, [2], "(R9)"), (4, [1, 1], "(R9)"),
                                            (3, [1, 2], "(R9)"), (0, ["batch", 16], "'batch' on some inputs only")])
 def test_r9_each_input_has_its_columns_shape(tmp_path, version, k, shape, words):
-    """Schema 3's schema fixes each input's rank and first dimension; check_manifest holds schema 2 manifests (whose
+    """Schema 3 and 4 fix each input's rank and first dimension; check_manifest holds schema 2 manifests (whose
     schema does not) to the same table."""
     root = write_package(tmp_path / "p", version=version)
     edit_manifest(root, lambda m: m["inputs"][k].update(shape=shape))
     with pytest.raises(PackageError, match=r"manifest.json: inputs[.:]") as e:
         Package.load(root)
-    assert version == 3 or words in str(e.value), str(e.value)
+    assert version >= 3 or words in str(e.value), str(e.value)
 
 
 def test_r8_a_schema_3_manifest_over_a_graph_with_bool_masks_is_refused(tmp_path):

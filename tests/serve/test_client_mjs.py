@@ -25,8 +25,8 @@ def test_client_mjs_unit_tests_pass():
 
 
 SCHEMA2 = REPO / "tests" / "fixtures" / "schema2"
-R2_LINE = ("manifest.json: schema_version 2 is not supported by this client (it reads 3); rebuild the package with an "
-           "edgekit that writes schema_version 3")
+R2_LINE = ("manifest.json: schema_version 2 is not supported by this client (it reads 4); rebuild the package with an "
+           "edgekit that writes schema_version 4")
 
 
 def test_node_cli_refuses_a_schema_2_package_with_the_specs_line():
@@ -41,7 +41,7 @@ def test_node_cli_refuses_a_schema_2_package_with_the_specs_line():
 
 
 def test_edgekit_web_refuses_a_schema_2_package_with_the_specs_line():
-    """The page runs client.mjs, which reads schema 3 only: `edgekit web` refuses before it serves."""
+    """The page runs client.mjs, which reads schema 4 only: `edgekit web` refuses before it serves."""
     import sys
 
     need((REPO / "examples" / "web" / "dist" / "app.js").is_file(), "the page bundle (`npm run build` in examples/web)")

@@ -126,6 +126,7 @@ def test_page_in_headless_chromium_answers_as_the_python_runtime(pkg, texts, tmp
         assert (got["intent"], got["slots"], got.get("truncated")) == (w["intent"], w["slots"], w.get("truncated")), \
             (r["text"], got, w)
         assert abs(got["confidence"] - w["confidence"]) <= 1e-5, (r["text"], got, w)
+        assert abs(got["path_confidence"] - w["path_confidence"]) <= 1e-5, (r["text"], got, w)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
     if os.environ.get("EDGEKIT_WEB_PNG"):  # keep the screenshot (e.g. for a closing note)
         shutil.copy(shot, os.environ["EDGEKIT_WEB_PNG"])

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from edgekit.runtime.cascade import Fallback
-from edgekit.tools.compare import cascade_curve, choose_threshold, expected_latency
+from edgekit.tools.cascade import cascade_curve, choose_threshold, expected_latency
 
 
 def test_cascade_curve_and_the_chosen_threshold():
@@ -63,3 +63,47 @@ def test_a_reply_that_is_not_http_keeps_the_device_answer():
     unsure = {"intent": "play", "confidence": 0.3, "slots": []}
     assert fb.answer(unsure, "play", None, True) == unsure | {"escalated": False, "fallback": "unreachable"}
     srv.close()
+
+
+def test_a_path_score_cascade_escalates_on_an_unsure_slot_and_a_schema_3_answer_on_its_confidence():
+    fb = Fallback("http://127.0.0.1:9", 0.5, 0.2, score="path_confidence")
+    sure_intent_unsure_slot = {"intent": "play", "confidence": 0.95, "path_confidence": 0.3, "slots": []}
+    assert fb.answer(sure_intent_unsure_slot, "play", None, True)["fallback"] == "unreachable"  # it asked
+    assert fb.answer({"intent": "play", "confidence": 0.9, "slots": []}, "play", None, True)["escalated"] is False
+    with pytest.raises(ValueError, match="cascade score"):
+        Fallback("http://127.0.0.1:9", 0.5, score="energy")
+
+
+def _ex(words, intent, tags):
+    from edgekit.data.formats import Example
+
+    return Example(words.split(), intent, tags.split())
+
+
+def test_exact_match_counts_slots_and_calibration_escalates_what_the_intent_alone_cannot_see():
+    from edgekit.tools.cascade import calibrate, device_score, right
+
+    labels = {"intents": ["play", "stop"], "slot_tags": ["O", "B-a", "I-a"], "oos_label": None}
+    gold = [_ex("play x y", "play", "O B-a I-a"), _ex("stop now", "stop", "O O")] * 5
+    # I-a after O is the same chunk as B-a there: exact match is on chunks, as slot F1 counts them
+    assert right(gold[:1], [{"intent": "play", "tags": ["O", "I-a", "I-a"]}], labels).tolist() == [True]
+    assert right(gold[:1], [{"intent": "play", "tags": ["O", "B-a", "O"]}], labels).tolist() == [False]
+    assert right(gold[:1], [{"intent": "play", "tags": ["O", "B-a", "O"]}],
+                 labels | {"slot_tags": []}).tolist() == [True]  # no slots in the data: the intent alone
+    # the device gets every intent right but the first utterance's slot wrong each time, with a low path score
+    device, server = [], []
+    for k, ex in enumerate(gold):
+        wrong = k % 2 == 0
+        tags = ["O", "B-a", "O"] if wrong else ex.tags
+        device.append({"intent": ex.intent, "tags": tags, "confidence": 0.99, "path_confidence": 0.2 if wrong else 0.9})
+        server.append({"intent": ex.intent, "tags": list(ex.tags), "confidence": 0.99})
+    assert device_score(device) == "path_confidence" and device_score(server) == "confidence"
+    splits = {"dev": gold, "test": gold}
+    c = calibrate(splits, {"dev": device, "test": device}, {"dev": server, "test": server}, labels, 0.1)
+    assert (c["score"], c["counts"]) == ("path_confidence", "exact match")
+    assert c["test"]["escalation"] == 0.5 and c["test"]["exact"] == {"device": 0.5, "server": 1.0, "cascade": 1.0}
+    assert c["test"]["accuracy"]["slot_f1"] == 1.0
+    # the same answers without path_confidence: the confidence cannot tell them apart, so τ escalates all or none
+    plain = [{k: v for k, v in a.items() if k != "path_confidence"} for a in device]
+    c = calibrate(splits, {"dev": plain, "test": plain}, {"dev": server, "test": server}, labels, 0.1)
+    assert c["score"] == "confidence" and c["test"]["escalation"] in (0.0, 1.0)

@@ -58,7 +58,7 @@ def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
                    {"name": "word_pos", "dtype": "int64", "shape": [B, L - 2]},
                    {"name": "intent_mask", "dtype": "int32", "shape": [B, n_int] if B != 1 else [n_int]},
                    {"name": "reject", "dtype": "int32", "shape": [B]}],
-        "outputs": ["intent", "confidence"] + (["tags"] if ctx.data.has_slots else []),
+        "outputs": ["intent", "confidence"] + (["tags", "path_confidence"] if ctx.data.has_slots else []),
         # The graph decodes: intent id (the id after the last intent is the reserved oos answer unless the data
         # has its own oos class), its confidence over the allowed intents, and one BIO tag id per word.
         "decoding": {k: dec.get(k) for k in ("policy", "score", "threshold", "temperature", "oos_id")}
@@ -75,8 +75,9 @@ def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
         **({"onnx_disabled_optimizers": d} if "onnx" in ctx.target.runtimes
            and (d := ctx.settings.fuse.disabled_optimizers) else {}),
         # Device packages: when to ask a server (runtime/cascade.py); `edgekit compare` calibrates the threshold.
-        **({} if ctx.settings.server.batch else {"cascade": {"threshold": None,
-                                                             "timeout_s": ctx.settings.cascade.timeout_s}}),
+        **({} if ctx.settings.server.batch else {"cascade": {
+            "threshold": None, "timeout_s": ctx.settings.cascade.timeout_s,
+            "score": "path_confidence" if ctx.data.has_slots else "confidence"}}),
         **({"tensorrt_model": TRT_FILE} if TRT_FILE in files else {}),
         "files": {f: {"sha256": sha256(ctx.work / f), "bytes": (ctx.work / f).stat().st_size} for f in files},
     }
