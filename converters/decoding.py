@@ -138,7 +138,7 @@ BACKTRACK = {"executorch": "argmax", "onnx": "table"}
 
 def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.Tensor],
             row: torch.Tensor | None = None, backtrack: str = "argmax", batched: bool = False,
-            path_score: bool = False):
+            path_score: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Best BIO tag sequence over the words. emit (B, T, S) piece scores, word_pos (B, T - 2) the position of
     each word's first piece (0 past the last word), tables from `bio_tables`, row (B,) each example's table row
     (default 0), backtrack "argmax" or "table" (see BACKTRACK). Returns (B, T): word w's tag id at column w, O

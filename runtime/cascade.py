@@ -46,8 +46,7 @@ class Fallback:
         self.url = self.url.rstrip("/")
 
     def wants(self, answer: dict) -> bool:
-        # a schema 3 answer has no path_confidence: its confidence is then the whole answer's score
-        return answer.get(self.score, answer["confidence"]) < self.threshold
+        return answer[self.score] < self.threshold  # a schema 2 or 3 package's score is "confidence"
 
     def ask(self, text: str, allow_intents: list[str] | None, reject: bool) -> dict | None:
         """The server's answer, or None when it cannot be had within the timeout (any failure)."""

@@ -1,6 +1,6 @@
 """The element types of a package's graphs, against the one table every phone and web binding shares.
 
-Schema 3 allows int64, int32 and float32 for every input and output of both model files: each is a type that
+Schemas 3 and 4 allow int64, int32 and float32 for every input and output of both model files: each is a type that
 ExecuTorch's Kotlin/Java and Swift `Tensor` APIs and ONNX Runtime's Java, Objective-C, JavaScript and C APIs
 create and read directly (docs/package-format.md, "Element types"; docs/mobile.md has the binding calls). bool is
 not: ExecuTorch's Java `Tensor` has no bool factory and ONNX Runtime's Objective-C `ORTTensorElementDataType` no

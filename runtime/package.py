@@ -5,15 +5,15 @@ This module is the whole contract between the build side and the app side.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgekit.runtime.jsonfile import LABELS_BYTES, MANIFEST_BYTES, JSONFileError, loads, read_bounded, read_json
 from edgekit.runtime.protofile import ONNX_DTYPES, onnx_inputs, onnx_outputs, sentencepiece_facts
 from edgekit.runtime.ptefile import PteError, check_segments
+from edgekit.runtime.schemas import first_error, schema  # noqa: F401 (schema: re-exported)
+from edgekit.runtime.schemas import short as _short
 
 SCHEMA_VERSION = 4  # what edgekit writes; the runtime also reads 2 (bool masks) and 3 (no path_confidence), each
 # against its own schema
@@ -24,8 +24,7 @@ RUNTIMES = tuple(RUNTIME_NAMES)
 MODEL_FILES = {"executorch": "model.pte", "onnx": "model.onnx"}  # each runtime's model file in a package
 SCHEMA_FILE = "manifest.schema.json"  # JSON Schema of the manifest: the runtime's copy, shipped in every package
 SCHEMA_PATH = Path(__file__).parent / SCHEMA_FILE
-SCHEMA_PATHS = {2: Path(__file__).parent / "manifest-2.schema.json", 3: Path(__file__).parent / "manifest-3.schema.json",
-                SCHEMA_VERSION: SCHEMA_PATH}
+SCHEMA_PATHS = {v: Path(__file__).parent / f"manifest-{v}.schema.json" for v in (2, 3)} | {SCHEMA_VERSION: SCHEMA_PATH}
 MASK_DTYPES = {2: "bool", 3: "int32", 4: "int32"}  # the element type of intent_mask and reject, by schema version
 OUTPUT_DTYPES = {"intent": "int64", "confidence": "float32", "tags": "int64", "path_confidence": "float32"}  # R8
 SLOT_OUTPUTS = {2: ["tags"], 3: ["tags"], 4: ["tags", "path_confidence"]}  # the outputs a graph with slots adds
@@ -61,50 +60,6 @@ def sha256(path: Path) -> str:
 REPORTS = ("report.json", "report.md", "oos_curve.png", "stages.png")
 
 
-@functools.cache
-def schema(path: Path = SCHEMA_PATH) -> dict:
-    """A JSON Schema this runtime holds a package's JSON to: its own copy (a package's copy is data, not authority),
-    read as the package's files are (edgekit.runtime.jsonfile)."""
-    return read_json(path, MANIFEST_BYTES, "schema")
-
-
-def _unique(validator, unique, instance, _schema):
-    """uniqueItems, linear: every array these schemas keep unique holds strings (`items` refuses the rest), and
-    jsonschema's own check is quadratic on an array of mixed types."""
-    if unique and isinstance(instance, list) and all(isinstance(x, str) for x in instance):
-        seen: set[str] = set()
-        twice = next((x for x in instance if x in seen or seen.add(x)), None)
-        if twice is not None:
-            import jsonschema
-
-            yield jsonschema.ValidationError(f"{_short(twice)} is given twice (each name once)")
-
-
-def _items(validator, items, instance, schema):
-    """`items`; for a list of names (labels.json's: up to 4 MiB of them) under a {"type": "string", "minLength"}
-    item schema, only the items that fail it are descended into (jsonschema's own descends into each: 6 s for 400k)."""
-    import jsonschema
-
-    simple = isinstance(items, dict) and items.get("type") == "string" and set(items) <= {"type", "minLength",
-                                                                                          "description"}
-    if not (simple and isinstance(instance, list) and "prefixItems" not in schema):
-        yield from jsonschema.Draft202012Validator.VALIDATORS["items"](validator, items, instance, schema)
-        return
-    least = items.get("minLength", 0)
-    bad = (k for k, x in enumerate(instance) if not isinstance(x, str) or len(x) < least)
-    for k in itertools.islice(bad, 100):
-        yield from validator.descend(instance[k], items, path=k)
-
-
-@functools.cache
-def _validator(path: Path = SCHEMA_PATH):
-    import jsonschema
-
-    # JSON Schema's own "integer": 16.0 is the integer 16 (R3); _as_ints makes it an int after validation
-    cls = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"uniqueItems": _unique, "items": _items})
-    return cls(schema(path))
-
-
 # The manifest's numbers the schemas type "number", not "integer" (docs/package-format.md R3): every other number
 # is an integer field, whose value the schema has checked is integral.
 NUMBER_FIELDS = frozenset({"threshold", "temperature", "timeout_s"})
@@ -124,26 +79,11 @@ def _as_ints(value, key: str = ""):
     return value
 
 
-def _short(value, n: int = 80) -> str:
-    """repr(value), cut to n characters: a message stays one short line whatever the file holds."""
-    text = repr(value)
-    return text if len(text) <= n else text[: n - 3] + "..."
-
-
 def _schema_check(instance, where, path: Path = SCHEMA_PATH, what: str = "(the manifest)") -> None:
     """PackageError naming the field of the best of the first errors the schema at `path` finds in `instance`."""
-    import jsonschema
-
-    # the first 100 errors: best_match weighs each, and a 1 MiB file can hold hundreds of thousands
-    err = jsonschema.exceptions.best_match(itertools.islice(_validator(path).iter_errors(instance), 100))
-    if err is None:
-        return
-    field = ".".join(map(str, err.absolute_path)) or what
-    if err.validator == "pattern" and "description" in err.schema:  # the description, not the regex itself
-        why = f"{_short(err.instance)} is not {err.schema['description']}"
-    else:  # jsonschema's message quotes the instance: cut it to one short line
-        why = err.message if len(err.message) <= 200 else err.message[:120] + " ... " + err.message[-70:]
-    raise PackageError(f"{where}: {field}: {why}")
+    why = first_error(instance, path, what)
+    if why is not None:
+        raise PackageError(f"{where}: {why}")
 
 
 def _input_shapes(T: int, n_intents: int, batched: bool) -> list[list]:

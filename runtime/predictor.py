@@ -175,7 +175,8 @@ def check_answerable(name: str, names: list[str], answerable: set[str] | None) -
 
 
 class Predictor:
-    """`Predictor.open("build/snips-android").predict("play queen")` -> {"intent", "confidence", "slots"}."""
+    """`Predictor.open("build/snips-android").predict("play queen")` -> {"intent", "confidence", "slots", "tags",
+    "path_confidence"} (the last two with slots)."""
 
     def __init__(self, backend, tokenizer, labels: dict, max_len: int, decoding: bool = False, batched: bool = False,
                  fallback: Fallback | None = None, oos_answer: str | None = None, mask_dtype: str = "int32",
@@ -190,6 +191,7 @@ class Predictor:
         self.batched = batched  # the graph has a dynamic batch axis (server profiles)
         self.fallback = fallback  # device first, a server when unsure (runtime/cascade.py)
         self.path_score = False  # the graph answers path_confidence (schema 4 with slots)
+        self.outputs: list[str] | None = None  # the manifest's outputs, which every call's must match in number
 
     @classmethod
     def open(cls, package: str | Path | Package, runtime: str = "executorch", threads: int = 1,
@@ -233,6 +235,7 @@ class Predictor:
         pred = cls(backend, load_tokenizer(pkg), pkg.labels, pkg.max_len, True, pkg.batched, fallback,
                    dec["oos_answer"], pkg.mask_dtype, dec["oos_id"], pkg.answerable)
         pred.path_score = "path_confidence" in pkg.manifest["outputs"]
+        pred.outputs = pkg.manifest["outputs"]
         return pred
 
     @property
@@ -274,7 +277,16 @@ class Predictor:
                             self.mask_dtype)
 
     def run(self, enc: Encoding, intent_mask: np.ndarray | None = None, reject: bool = True) -> list[np.ndarray]:
-        return self.backend.run(*self.inputs(enc, intent_mask, reject))
+        return self.call(*self.inputs(enc, intent_mask, reject))
+
+    def call(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """One model call; a graph that answers other than the manifest's outputs (a `.pte` whose outputs are not
+        checked on load) is a PackageError, not a misread answer."""
+        out = self.backend.run(*inputs)
+        if self.outputs is not None and len(out) != len(self.outputs):
+            raise PackageError(f"{getattr(self.backend, 'file', 'the model')}: the graph answered {len(out)} "
+                               f"outputs, the manifest's outputs say {self.outputs}")
+        return out
 
     def predict(self, text: str, warn: bool = True, allow_intents: list[str] | None = None,
                 reject: bool = True) -> dict:
@@ -329,7 +341,7 @@ class Predictor:
         if not self.batched:
             return [self.answer(t, e, *o, r) for t, e, o, r in zip(texts, encs, opts, rej)]
         run = [i for i, e in enumerate(encs) if not e.empty]  # the rows the model answers, in order
-        out = self.backend.run(*stack([self.inputs(encs[i], opts[i][1], rej[i]) for i in run])) if run else None
+        out = self.call(*stack([self.inputs(encs[i], opts[i][1], rej[i]) for i in run])) if run else None
         k = iter(range(len(run)))
         return [self.no_words(e) if e.empty else decode(t, e, row(out, next(k)), self.labels, self.decoding,
                                                          self.oos_id, self.oos_answer)

@@ -3,13 +3,14 @@
 ExecuTorch's `InternalConsistency` verification checks the program's flatbuffer structure, but not that its data
 segments (constant weights, delegate blobs) are where the extended header says the segment data is. A single
 flipped bit in the table can turn a segment into offset 0, size 0, which loads and then crashes the process on the
-first call (found by tests/runtime/test_bounds.py's byte flips). So `check_segments` holds the table to what the
-serializer writes: segments in file order, none overlapping the next, all inside the segment data.
+first call (found by tests/runtime/test_bounds.py's byte flips). So `check_table` holds the table to what the
+serializer writes (exir/_serialize/_program.py): the first segment at 0, each next one at the previous end rounded
+up to the alignment (the largest power of two every offset shares), the last one ending at the segment data's end,
+and the segment data after the program and inside the file.
 
-Layout (ExecuTorch's schema/program.fbs and exir/_serialize/_program.py): bytes 0-4 the root table's offset,
-4-8 the file identifier, 8-40 the extended header (magic "eh00", its length, program size, segment base offset,
-segment data size); `Program.segments` is field 4 of the root table, a vector of `DataSegment {offset: uint64,
-size: uint64}` tables.
+Layout (ExecuTorch's schema/program.fbs): bytes 0-4 the root table's offset, 4-8 the file identifier, 8-40 the
+extended header (magic "eh00", its length, program size, segment base offset, segment data size);
+`Program.segments` is field 4 of the root table, a vector of `DataSegment {offset: uint64, size: uint64}` tables.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import struct
 from pathlib import Path
 
 SEGMENTS_FIELD = 4  # Program: version, execution_plan, constant_buffer, backend_delegate_data, segments, ...
+HEADER = 40  # bytes up to the end of the extended header
+MAX_ALIGN = 1 << 16  # the largest segment alignment believed (ExecuTorch writes 128 by default)
 
 
 class PteError(ValueError):
@@ -40,33 +43,63 @@ def _field(buf: bytes, table: int, k: int) -> int | None:
     return table + off if off else None
 
 
-def segments(data: bytes) -> tuple[list[tuple[int, int]], int]:
-    """([(offset, size), ...] in table order, segment data size) of a `.pte`'s bytes; ([], 0) for a file without
-    an extended header (no segments)."""
-    if data[8:12] != b"eh00":
-        return [], 0
-    program_size, _base, data_size = _u(data, 16, "<Q"), _u(data, 24, "<Q"), _u(data, 32, "<Q")
-    buf = data[:program_size]
-    root = _u(buf, 0, "<I")
-    at = _field(buf, root, SEGMENTS_FIELD)
+def segments(program: bytes) -> list[tuple[int, int]]:
+    """[(offset, size), ...] of `Program.segments`, in table order, from the program's flatbuffer bytes."""
+    at = _field(program, _u(program, 0, "<I"), SEGMENTS_FIELD)
     if at is None:
-        return [], data_size
-    vec = at + _u(buf, at, "<I")
+        return []
+    vec = at + _u(program, at, "<I")
     out = []
-    for i in range(_u(buf, vec, "<I")):
+    for i in range(_u(program, vec, "<I")):
         item = vec + 4 + 4 * i
-        table = item + _u(buf, item, "<I")
-        offset, size = (_field(buf, table, k) for k in (0, 1))
-        out.append((0 if offset is None else _u(buf, offset, "<Q"), 0 if size is None else _u(buf, size, "<Q")))
-    return out, data_size
+        table = item + _u(program, item, "<I")
+        offset, size = (_field(program, table, k) for k in (0, 1))
+        out.append((0 if offset is None else _u(program, offset, "<Q"), 0 if size is None else _u(program, size, "<Q")))
+    return out
+
+
+def _alignment(offsets: list[int]) -> int:
+    """The largest power of two (up to MAX_ALIGN) that divides every offset."""
+    align = MAX_ALIGN
+    for x in offsets:
+        while x % align:
+            align //= 2
+    return align
+
+
+def check_table(data: bytes, file_size: int | None = None) -> list[tuple[int, int]]:
+    """The segment table of a `.pte` whose first bytes (header and program, at least) are `data`, or PteError (one
+    line) when it is not one the serializer writes. file_size: the whole file's size (default len(data))."""
+    file_size = len(data) if file_size is None else file_size
+    if data[8:12] != b"eh00":  # no extended header: then no segments either
+        if len(data) >= 8 and segments(data):
+            raise PteError("segments are listed but the file has no extended header")
+        return []
+    length, program_size, base, data_size = (_u(data, at, fmt) for at, fmt in
+                                             ((12, "<I"), (16, "<Q"), (24, "<Q"), (32, "<Q")))
+    if length < HEADER - 8 or not program_size <= base <= base + data_size <= file_size:
+        raise PteError(f"the extended header (length {length}, program {program_size} bytes, segments at {base}, "
+                       f"{data_size} bytes) does not fit the {file_size}-byte file")
+    table = segments(data[:program_size])
+    if data_size and not table:  # a flipped vtable entry can hide the whole table
+        raise PteError(f"the header gives {data_size} bytes of segment data, the program lists no segment")
+    align, end = _alignment([o for o, _ in table]), 0
+    for k, (offset, size) in enumerate(table):
+        if not end <= offset < end + align or (k == len(table) - 1 and offset + size != data_size):
+            where = f"after segment {k - 1} (which ends at {end})" if k else "at 0"
+            raise PteError(f"segment {k} (offset {offset}, {size} bytes) is not {where} and inside the {data_size} "
+                           f"bytes of segment data")
+        end = offset + size
+    return table
 
 
 def check_segments(path: str | Path) -> None:
-    """PteError (one line) unless the `.pte`'s segments follow one another, each inside the segment data."""
-    table, data_size = segments(Path(path).read_bytes())
-    end = 0
-    for k, (offset, size) in enumerate(table):
-        if offset < end or offset + size > data_size:
-            raise PteError(f"segment {k} (offset {offset}, {size} bytes) is not after segment {k - 1} and inside "
-                           f"the {data_size} bytes of segment data")
-        end = offset + size
+    """PteError (one line) unless the `.pte` at `path` has a segment table the serializer would write (reads the
+    header and the program, not the segments)."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        head = f.read(HEADER)
+        program_size = _u(head, 16, "<Q") if head[8:12] == b"eh00" else 0
+        data = head + f.read(max(0, min(program_size, path.stat().st_size) - HEADER)) if program_size else \
+            head + f.read()
+    check_table(data, path.stat().st_size)

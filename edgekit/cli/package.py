@@ -42,8 +42,8 @@ def predict(
 ):
     """Answer one utterance with a package, as JSON.
 
-    The answer has the intent, its confidence and the slots; with --fallback also `escalated`, and `fallback` when
-    the server could not answer in time."""
+    The answer has the intent, its confidence, the slots and (with slots) path_confidence, the whole answer's; with
+    --fallback also `escalated`, and `fallback` when the server could not answer in time."""
     from edgekit.runtime import Predictor
     from edgekit.runtime.tokenizer import InputError
 

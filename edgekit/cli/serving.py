@@ -84,7 +84,8 @@ def web(
 ):
     """Serve the in-browser demo on 127.0.0.1, the package running in the tab.
 
-    onnxruntime-web (WASM) runs the package; each keystroke shows the intent, confidence, slots and latency. Ctrl-C
+    onnxruntime-web (WASM) runs the package; each keystroke shows the intent, confidence, the whole answer's
+    path_confidence, slots and latency. Ctrl-C
     or SIGTERM stops it."""
     import signal
     import threading

@@ -118,8 +118,8 @@ def cascade_plot(res: dict, path: Path) -> Path:
     x = [100 * p["escalation"] for p in pts]
     ch = c["test"]
     # the curve counts what calibration counted: exact match (intent and slots) with slots, else the intent
-    exact = ch.get("exact")
-    what = "exact match" if exact else "intent"
+    what = c.get("counts", "intent")
+    exact = ch.get("exact") if what == "exact match" else None
     alone = {side: exact[side] if exact else res[side]["accuracy"]["test"]["intent_acc"]
              for side in ("device", "server")}
     chosen = exact["cascade"] if exact else ch["accuracy"]["intent_acc"]

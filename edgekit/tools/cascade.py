@@ -4,8 +4,8 @@ as a right answer, τ chosen on dev and the result on test.
 - Score: `path_confidence` (schema 4 packages with slots: the intent's confidence times each word's probability
   of its decoded tag), else `confidence`. The intent's confidence alone cannot see an unsure slot, so on SNIPS a
   cascade on it escalated 1.4% of test for +0.19 slot F1 (docs/experiments.md, 2026-12-06).
-- Right: exact match, the intent and every slot (what slot F1 counts: the same chunks), when the data has slots;
-  the intent alone otherwise. Counting the intent alone, a device level with the server on intents looks as good
+- Right: exact match, the intent and every word's tag (the build's `exact_match`), when the data has slots; the
+  intent alone otherwise. Counting the intent alone, a device level with the server on intents looks as good
   as the server, and τ comes out near 0 however many slots it gets wrong.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgekit.scoring.metrics import chunks
 from edgekit.scoring.score import score
 
 SCORES = ("path_confidence", "confidence")  # the device score the cascade uses: the first every answer has
@@ -25,10 +24,11 @@ def device_score(answers: list[dict]) -> str:
 
 
 def right(examples, answers: list[dict], labels: dict) -> np.ndarray:
-    """(N,) bool: exact match, the intent and the same slots as gold, when the data has slots; else the intent."""
+    """(N,) bool: exact match, the intent and every word's tag as gold (as `metrics_of`'s exact_match counts), when
+    the data has slots; else the intent."""
     slots = bool(labels["slot_tags"]) and all(ex.tags is not None for ex in examples)
-    return np.array([a["intent"] == ex.intent and (not slots or chunks(a.get("tags", ["O"] * len(ex.tags)))
-                                                   == chunks(ex.tags)) for a, ex in zip(answers, examples)])
+    return np.array([a["intent"] == ex.intent and (not slots or a.get("tags", ["O"] * len(ex.tags)) == ex.tags)
+                     for a, ex in zip(answers, examples)])
 
 
 def cascade_curve(conf: np.ndarray, device_ok: np.ndarray, server_ok: np.ndarray) -> list[dict]:

@@ -248,14 +248,14 @@ def compare(device: Path, server: str, data_path: str, cfg: CompareConfig, log=p
 
 
 def record_threshold(device: Path, tau: float, timeout_s: float | None = None, score: str = "confidence") -> str:
-    """Write `cascade.threshold` (and, schema 4, `cascade.score`) into the device package's manifest (temp file,
-    then rename); returns the new package digest (the manifest changed, so the digest did)."""
+    """Write `cascade.threshold` (exactly; and, schema 4, `cascade.score`) into the device package's manifest
+    (temp file, then rename); returns the new package digest (the manifest changed, so the digest did)."""
     from edgekit.io import write_json
     from edgekit.runtime import Package
 
     pkg = Package.load(device)
     man = dict(pkg.manifest)
-    man["cascade"] = {"threshold": round(float(tau), 6),
+    man["cascade"] = {"threshold": float(tau),  # exact: a path score may be far below 1e-6
                       "timeout_s": (man.get("cascade") or {}).get("timeout_s") or timeout_s or DEFAULT_TIMEOUT_S}
     if man["schema_version"] >= 4:  # schema 3 has no score: its cascade escalates on the confidence
         man["cascade"]["score"] = score

@@ -13,8 +13,8 @@
  *   const answer = await predict(pkg, "play queen on spotify");
  *
  * The spec's rules, where this file applies them: R2 (schema_version 4 only; a schema 2 or 3 package, with bool
- * masks or without path_confidence, is refused with the spec's line), R3 (parseJson; the integer fields it reads), R4 (labels.json), R5
- * (tokenizer.model's pieces and normalizer), R6 and R7 (tokenize), R8 (int32 masks, int64 ids, the outputs'
+ * masks or without path_confidence, is refused with the spec's line), R3 (parseJson; the integer fields it
+ * reads), R4 (labels.json), R5 (tokenizer.model's pieces and normalizer), R6 and R7 (tokenize), R8 (int32 masks, int64 ids, the outputs'
  * types), R9 (exact input shapes, phone or server), R10 (seq_axis: always padded to T, which either value
  * allows), R12 (ids out of range), R13 (oos_id, oos_answer and oos_label agree), R14 (allow lists against
  * decoding.allowed_intents). Not R1: there is no JSON Schema validator here, so a manifest is held to the checks
@@ -413,8 +413,8 @@ function intentName(pkg, k) {
 
 /**
  * Answer one utterance (spec, Answer): `{intent, confidence, slots, tags, path_confidence, truncated}`, with
- * `tags` and `path_confidence` only for packages with slots and `truncated` only when something was cut. `allowIntents` is null
- * (every intent) or a non-empty list of the package's intents (R14); `reject` (true or false) turns
+ * `tags` and `path_confidence` only for packages with slots and `truncated` only when something was cut.
+ * `allowIntents` is null (every intent) or a non-empty list of the package's intents (R14); `reject` (true or false) turns
  * out-of-scope rejection on.
  */
 export async function predict(pkg, text, {allowIntents = null, reject = true} = {}) {

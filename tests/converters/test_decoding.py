@@ -282,7 +282,7 @@ def test_decoding_graph_exports_to_both_runtimes(tmp_path, n_slots):
 @pytest.mark.parametrize("runtime,batched", [("executorch", False), ("onnx", False), ("onnx", True)])
 def test_path_confidence_is_the_confidence_times_each_words_probability_of_its_decoded_tag(runtime, batched):
     raw = tiny()
-    cfg = DecodingConfig(INTENTS, TAGS, intent_slots={"play": {"a"}, "stop": {"a", "b"}, "pause": set()})
+    cfg = DecodingConfig(INTENTS, TAGS, intent_slots={"play": {"a"}, "stop": {"a", "b"}, "weather": set()})
     dm, _ = with_decoding(raw, cfg)
     dm = dm.for_runtime(runtime, batched)
     table = intent_slot_table(INTENTS, TAGS, cfg.intent_slots, len(INTENTS) + 1).numpy()  # (I + 1, S)
@@ -302,3 +302,22 @@ def test_path_confidence_is_the_confidence_times_each_words_probability_of_its_d
         assert 0 < path[0] <= conf[0]
         seen.add(k)
     assert len(seen) > 1  # more than one intent's slot table was exercised
+
+
+def test_path_confidence_of_a_rejection_is_its_confidence_and_a_batch_answers_as_its_rows():
+    cfg = DecodingConfig(INTENTS, TAGS, intent_slots={"play": {"a"}, "stop": {"a", "b"}, "weather": set()})
+    always, _ = with_decoding(tiny(), DecodingConfig(**{**cfg.__dict__, "threshold": 1.0}))  # rejects everything
+    for arrays in graph_inputs(4):
+        intent, conf, _, path = run_eager(always, arrays)
+        assert intent[0] == len(INTENTS) and path[0] == pytest.approx(conf[0], rel=1e-6)  # oos: O only, prob. 1
+    dm, _ = with_decoding(tiny(), cfg)
+    batched = dm.for_runtime("onnx", batched=True)
+    rows = graph_inputs(6) + graph_inputs(2, mask=[False, True, True])
+    stacked = [np.concatenate([r[k] for r in rows]) if k != 3 else np.stack([r[3] for r in rows])
+               for k in range(4)] + [np.concatenate([r[4] for r in rows])]
+    got = run_eager(batched, stacked)  # (B,) each, tags (B, T)
+    for b, r in enumerate(rows):
+        want = run_eager(dm, r)
+        np.testing.assert_array_equal(got[0][b:b + 1], want[0])
+        np.testing.assert_array_equal(got[2][b:b + 1], want[2])
+        np.testing.assert_allclose(got[3][b:b + 1], want[3], rtol=1e-5)

@@ -160,8 +160,9 @@ def test_batched_answers_equal_one_by_one_with_per_utterance_options(server_cpu)
         assert a["intent"] == b["intent"] and a["slots"] == b["slots"]
         assert abs(a["confidence"] - b["confidence"]) < 1e-4
     assert all(m["intent"] in a for m, a in zip(many, allow) if a is not None)
-    assert many[1] == many[2] == {"intent": "oos", "confidence": 0.0, "slots": [], "tags": []}
-    assert many[4] == {"intent": "oos", "confidence": 0.0, "slots": [], "tags": ["O"]}  # a zero-width word
+    assert many[1] == many[2] == {"intent": "oos", "confidence": 0.0, "slots": [], "tags": [], "path_confidence": 0.0}
+    assert many[4] == {"intent": "oos", "confidence": 0.0, "slots": [], "tags": ["O"],  # a zero-width word
+                       "path_confidence": 0.0}
     calls, run = [], pred.backend.run
     pred.backend.run = lambda *x: calls.append(len(x[0])) or run(*x)
     assert pred.predict_batch(["", " "]) == [many[1]] * 2 and not calls  # no word in the batch: no model call

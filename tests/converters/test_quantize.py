@@ -217,7 +217,7 @@ def test_onnx_int8_of_a_decoded_graph_keeps_its_integer_tables(tmp_path):
     assert rec.extra["embedding"]["shape"] == [80, 32]  # the word table
     fp, q = OnnxBackend(tmp_path / "d.onnx"), OnnxBackend(tmp_path / "dq.onnx")
     for x in inputs:
-        intent, _, tags_q = q.run(*x)
+        intent, _, tags_q, _ = q.run(*x)
         names = [tags[t] for t in tags_q[0, : T - 4]]
         assert all(not t.startswith("I-") or p[2:] == t[2:] for p, t in zip(["O"] + names, names))  # valid BIO
     agree = np.mean([fp.run(*x)[0][0] == q.run(*x)[0][0] for x in inputs])

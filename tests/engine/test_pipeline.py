@@ -99,10 +99,11 @@ def test_an_utterance_without_a_word_answers_out_of_scope_without_the_model(buil
         for text in ["", "   ", "\t\n\u3000"]:
             for reject in (True, False):
                 assert pred.predict(text, reject=reject) == {"intent": oos, "confidence": 0.0, "slots": [],
-                                                             "tags": []}
+                                                             "tags": [], "path_confidence": 0.0}
         # words of characters that normalize to nothing ([unk] each) say nothing either: an O for each word
         for text, words in [("\u200b", 1), ("\ufeff \u200d\u200b \x07", 3)]:
-            assert pred.predict(text) == {"intent": oos, "confidence": 0.0, "slots": [], "tags": ["O"] * words}
+            assert pred.predict(text) == {"intent": oos, "confidence": 0.0, "slots": [], "tags": ["O"] * words,
+                                          "path_confidence": 0.0}
         assert pred.predict_batch(["\u200b", ""]) == [pred.predict("\u200b"), pred.predict("")]
         with pytest.raises(ValueError, match="unknown intent"):  # its options are still checked
             pred.predict("", allow_intents=["nope"])
@@ -114,7 +115,8 @@ def test_an_utterance_without_a_word_answers_out_of_scope_without_the_model(buil
         assert far["intent"] == oos and far["truncated"] == {"chars": 0, "words": 0}
     # a cascade does not ask its server about it (this one is not there: asking would say "unreachable")
     pred = Predictor.open(out, "onnx", fallback_url="http://127.0.0.1:9", escalate_below=1.0)
-    assert pred.predict(" ") == {"intent": oos, "confidence": 0.0, "slots": [], "tags": [], "escalated": False}
+    assert pred.predict(" ") == {"intent": oos, "confidence": 0.0, "slots": [], "tags": [], "path_confidence": 0.0,
+                                 "escalated": False}
     assert pred.predict("play queen")["fallback"] == "unreachable"  # a word below 1.0: asked
 
 

@@ -253,28 +253,50 @@ def test_any_unicode_gets_an_answer_or_the_documented_error(preds, runtime, text
 
 def test_a_segment_table_the_serializer_would_not_write_is_one_package_error(pkg, tmp_path):
     """ExecuTorch loads a program whose segment table a flipped bit emptied (offset 0, size 0) and crashes on the
-    first call; ptefile refuses it on load, and a segment past the segment data too."""
+    first call; ptefile refuses it on load. Every bit of the header and of the table (the root's vtable, the
+    vector, each segment's table and vtable) flipped in turn: the check refuses the flip, or the table reads the same but for a size within the padding
+    before the next segment (which the serializer could have written)."""
     import shutil
 
-    from edgekit.runtime.ptefile import _field, _u, segments
+    from edgekit.runtime.ptefile import PteError, _alignment, _field, _u, check_table, segments
 
     data = (pkg / "model.pte").read_bytes()
-    table, size = segments(data)
-    assert len(table) > 2 and all(b[0] >= a[0] + a[1] for a, b in zip(table, table[1:])) and size > 0
-    root = _u(data, 0, "<I")
-    vec = _field(data, root, 4) + _u(data, _field(data, root, 4), "<I")  # Program.segments
-
-    def segment_field(k, f):  # the byte position of segment k's offset (f 0) or size (f 1)
+    program = data[: _u(data, 16, "<Q")]
+    table = check_table(data)
+    align = _alignment([o for o, _ in table])
+    assert len(table) > 2 and table[0][0] == 0
+    root = _u(program, 0, "<I")
+    at = _field(program, root, 4)  # Program.segments
+    vec = at + _u(program, at, "<I")
+    vt = root - _u(program, root, "<i")  # the root table's vtable, which says where the segments field is
+    spots = set(range(0, 40)) | set(range(vt, vt + _u(program, vt, "<H"))) | set(range(at, at + 4))
+    spots |= set(range(vec, vec + 4 + 4 * len(table)))
+    for k in range(len(table)):
         item = vec + 4 + 4 * k
-        return _field(data, item + _u(data, item, "<I"), f)
-
-    last = len(table) - 1
-    for k, f, value in ((2, 0, 0), (last, 1, size)):  # segment 2 at offset 0; the last one too long
-        bad = bytearray(data)
-        bad[segment_field(k, f):segment_field(k, f) + 8] = value.to_bytes(8, "little")
-        work = tmp_path / f"p{k}"
-        shutil.copytree(pkg, work)
-        (work / "model.pte").write_bytes(bytes(bad))
-        resign(work)
-        with pytest.raises(PackageError, match=f"model.pte: segment {k} "):
-            Package.load(work)
+        t = item + _u(program, item, "<I")
+        vt = t - _u(program, t, "<i")
+        spots |= set(range(t, t + 4)) | set(range(vt, vt + _u(program, vt, "<H")))
+        spots |= {b for f in (0, 1) if (x := _field(program, t, f)) is not None for b in range(x, x + 8)}
+    refused = 0
+    for byte in sorted(spots):
+        for bit in range(8):
+            bad = bytearray(data)
+            bad[byte] ^= 1 << bit
+            try:
+                got = check_table(bytes(bad))
+            except PteError:
+                refused += 1
+                continue
+            assert [o for o, _ in got] == [o for o, _ in table] and all(
+                abs(a[1] - b[1]) < align for a, b in zip(got, table)), (byte, bit, got[:3])
+    assert refused > 0.9 * 8 * len(spots), (refused, len(spots))
+    assert segments(program) == table
+    bad = bytearray(data)  # the crash found by the byte flips: a segment turned into offset 0, size 0
+    pos = _field(program, vec + 8 + _u(program, vec + 8, "<I"), 0)  # segment 1's offset field
+    bad[pos:pos + 8] = (0).to_bytes(8, "little")
+    work = tmp_path / "p"
+    shutil.copytree(pkg, work)
+    (work / "model.pte").write_bytes(bytes(bad))
+    resign(work)
+    with pytest.raises(PackageError, match="model.pte: segment 1 "):
+        Package.load(work)

@@ -94,7 +94,8 @@ def test_r4_slot_tags_are_o_then_b_and_i_tags_each_once(tmp_path, tags, words):
 def test_r4_good_slot_tags_load(tmp_path, tags):
     root = write_package(tmp_path / "p", labels={"intents": ["a", "b"], "slot_tags": tags},
                          label_sets={"intents": 2, "slot_tags": len(tags)},
-                         **({} if tags else {"outputs": ["intent", "confidence"]}))
+                         **({} if tags else {"outputs": ["intent", "confidence"],
+                                             "cascade": {"threshold": None, "timeout_s": 0.3, "score": "confidence"}}))
     if not tags:
         (root / "model.onnx").write_bytes(onnx_graph(json.loads((root / "manifest.json").read_text())["inputs"],
                                                      OUTPUTS[:2]))
@@ -125,7 +126,8 @@ def test_r5_the_last_normalizer_spec_wins(tmp_path):
 
 
 @pytest.mark.parametrize("outputs,words", [
-    ([dict(OUTPUTS[0]), dict(OUTPUTS[1], dtype="int64"), *OUTPUTS[2:]], "the graph's outputs are [('intent', 'int64 [1]'"),
+    ([dict(OUTPUTS[0]), dict(OUTPUTS[1], dtype="int64"), *OUTPUTS[2:]],
+     "the graph's outputs are [('intent', 'int64 [1]'"),
     (OUTPUTS[:3], "the manifest's outputs say ['intent', 'confidence', 'tags', 'path_confidence'] (intent int64, "),
     ([*OUTPUTS[:3], dict(OUTPUTS[3], dtype="int64")], "path_confidence float32)"),
     ([OUTPUTS[1], OUTPUTS[0], *OUTPUTS[2:]], "the graph's outputs are [('confidence', 'float32 [1]')"),

@@ -66,10 +66,14 @@ def test_a_reply_that_is_not_http_keeps_the_device_answer():
 
 
 def test_a_path_score_cascade_escalates_on_an_unsure_slot_and_a_schema_3_answer_on_its_confidence():
-    fb = Fallback("http://127.0.0.1:9", 0.5, 0.2, score="path_confidence")
+    fb = Fallback("http://127.0.0.1:9", 0.5, 0.2, score="path_confidence")  # port 9: nothing listens
     sure_intent_unsure_slot = {"intent": "play", "confidence": 0.95, "path_confidence": 0.3, "slots": []}
     assert fb.answer(sure_intent_unsure_slot, "play", None, True)["fallback"] == "unreachable"  # it asked
-    assert fb.answer({"intent": "play", "confidence": 0.9, "slots": []}, "play", None, True)["escalated"] is False
+    sure = {"intent": "play", "confidence": 0.3, "path_confidence": 0.6, "slots": []}  # the score, not confidence
+    assert fb.answer(sure, "play", None, True) == sure | {"escalated": False}  # it did not ask
+    three = Fallback("http://127.0.0.1:9", 0.5, 0.2)  # a schema 3 package: its confidence is the score
+    assert three.answer({"intent": "play", "confidence": 0.3, "slots": []}, "play", None, True)["fallback"] \
+        == "unreachable"
     with pytest.raises(ValueError, match="cascade score"):
         Fallback("http://127.0.0.1:9", 0.5, score="energy")
 
@@ -85,8 +89,9 @@ def test_exact_match_counts_slots_and_calibration_escalates_what_the_intent_alon
 
     labels = {"intents": ["play", "stop"], "slot_tags": ["O", "B-a", "I-a"], "oos_label": None}
     gold = [_ex("play x y", "play", "O B-a I-a"), _ex("stop now", "stop", "O O")] * 5
-    # I-a after O is the same chunk as B-a there: exact match is on chunks, as slot F1 counts them
-    assert right(gold[:1], [{"intent": "play", "tags": ["O", "I-a", "I-a"]}], labels).tolist() == [True]
+    # exact match as the build report counts it: the intent and every word's tag
+    assert right(gold[:2], [{"intent": "play", "tags": ["O", "B-a", "I-a"]}, {"intent": "play", "tags": ["O", "O"]}],
+                 labels).tolist() == [True, False]
     assert right(gold[:1], [{"intent": "play", "tags": ["O", "B-a", "O"]}], labels).tolist() == [False]
     assert right(gold[:1], [{"intent": "play", "tags": ["O", "B-a", "O"]}],
                  labels | {"slot_tags": []}).tolist() == [True]  # no slots in the data: the intent alone

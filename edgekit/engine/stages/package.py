@@ -60,7 +60,8 @@ def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
                    {"name": "reject", "dtype": "int32", "shape": [B]}],
         "outputs": ["intent", "confidence"] + (["tags", "path_confidence"] if ctx.data.has_slots else []),
         # The graph decodes: intent id (the id after the last intent is the reserved oos answer unless the data
-        # has its own oos class), its confidence over the allowed intents, and one BIO tag id per word.
+        # has its own oos class), its confidence over the allowed intents, one BIO tag id per word and the whole
+        # answer's path_confidence (schema 4).
         "decoding": {k: dec.get(k) for k in ("policy", "score", "threshold", "temperature", "oos_id")}
         | {"allowed_intents": answerable(ctx.labels, dec), "oos_answer": ctx.data.oos_label or OOS},
         "models": {r: MODEL_FILES[r] for r in ctx.target.runtimes},
