@@ -6,15 +6,18 @@
  * text again: the last line is that answer, marked "offline". The screenshot shows the first text's answer.
  */
 import {readFile} from "node:fs/promises";
-import {mkdtempSync} from "node:fs";
+import {mkdtempSync, rmSync} from "node:fs";
 import {tmpdir} from "node:os";
 import {join} from "node:path";
 import {chromium} from "playwright-core";
 
 const [url, file, shot = "web.png"] = process.argv.slice(2);
 const texts = (await readFile(file, "utf8")).split(/\r?\n/).filter((t) => t !== "");
-// Flags as for any headless Chromium on a machine with no outside network: no background connections.
-const context = await chromium.launchPersistentContext(mkdtempSync(join(tmpdir(), "edgekit-chromium-")), {
+// Flags as for any headless Chromium on a machine with no outside network: no background connections. The profile
+// is a fresh folder, removed on exit whatever happens (one was left in the temp folder per run).
+const profile = mkdtempSync(join(tmpdir(), "edgekit-chromium-"));
+process.on("exit", () => rmSync(profile, {recursive: true, force: true}));
+const context = await chromium.launchPersistentContext(profile, {
   executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium", headless: true, viewport: {width: 900, height: 560},
   args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync"],

@@ -9,7 +9,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -91,9 +93,14 @@ def test_page_in_headless_chromium_answers_as_the_python_runtime(pkg, texts, tmp
         (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
         shot = tmp_path / "web.png"
         t0 = time.perf_counter()
+        # e2e.mjs's Chromium profile must not stay in the temp folder (a short path: Chromium's socket in the
+        # profile folder fails under a long one, such as tmp_path)
+        profiles = lambda: set(Path(tempfile.gettempdir()).glob("edgekit-chromium-*"))  # noqa: E731
+        before = profiles()
         res = subprocess.run(["node", "e2e.mjs", url, str(tmp_path / "texts.txt"), str(shot)], cwd=WEB,
                              capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-3000:]
+        assert profiles() == before, profiles() - before
         print(f"50 utterances typed in Chromium in {time.perf_counter() - t0:.1f} s")
         # the model is revalidated, not downloaded again (the service worker's install, a reload): ETag, then 304
         port = int(url.rstrip("/").rsplit(":", 1)[1])
