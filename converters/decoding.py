@@ -10,16 +10,13 @@
    energy T * logsumexp(logits / T), which does not saturate) is below the calibrated threshold is answered
    with the reserved `oos` id (when the run-time `reject` input is true);
 3. slots: Viterbi over BIO tags on each word's first piece, with only valid BIO moves (`I-x` after `B-x`/`I-x`)
-   and only the slots seen with the predicted intent in training. The output is one tag id per word.
+   and only the slots seen with the predicted intent in training, plus learned transition scores
+   (converters/transitions.py) when the build fitted them. The output is one tag id per word.
 
-Inputs:  input_ids (1, T) int64, attention_mask (1, T) int64, word_pos (1, T - 2) int64 (the position of each
-         word's first piece, 0 past the last word), intent_mask (I,) int32, reject (1,) int32 (1 on, 0 off). Server graphs have
-         a dynamic batch axis B in place of 1, and intent_mask (B, I): each utterance its own whitelist.
-Outputs: intent (1,) int64 (I = the reserved oos id unless the data has its own oos class), confidence (1,) float,
-         and with slots tags (1, T) int64: word w's tag id at [0, w], "O" past the last word, and path_confidence
-         (1,) float: the confidence times each word's probability of its decoded tag (softmax over the predicted
-         intent's slots at the word's first piece). It is low when the intent or any one slot is unsure, which
-         makes it the score the cascade escalates on (schema 4).
+Inputs: input_ids, attention_mask (1, T), word_pos (1, T - 2) (each word's first piece, 0 past the last word),
+intent_mask (I,), reject (1,); server graphs a dynamic batch axis B. Outputs: intent, confidence and, with slots,
+tags (1, T) (word w's tag id at column w) and path_confidence (the confidence times each word's probability of its
+decoded tag: the score the cascade escalates on). Types and shapes: docs/package-format.md (inputs, outputs).
 """
 
 from __future__ import annotations
@@ -37,7 +34,8 @@ from edgekit.record import PassRecord
 NEG = -1e4  # a blocked move: larger than any sum of logit differences along a path, finite so no inf - inf
 
 
-def bio_tables(tags: list[str], allowed: list[set[str] | None] | None = None, o: str = "O") -> dict[str, torch.Tensor]:
+def bio_tables(tags: list[str], allowed: list[set[str] | None] | None = None, o: str = "O",
+               transitions: dict[str, list[float]] | None = None) -> dict[str, torch.Tensor]:
     """Tables for the Viterbi, one row per allowed slot set (`allowed`; default one row, every slot).
 
     The Viterbi keeps the tags as P pairs (B-x, I-x), held as two (B, 1, P) halves, so that a step is four cheap
@@ -48,12 +46,14 @@ def bio_tables(tags: list[str], allowed: list[set[str] | None] | None = None, o:
     without a partner (B-x without I-x, I-x without B-x) share their pair with a dummy, and rows with fewer pairs
     than the widest are padded with dummies. No path may enter a dummy.
 
-    The layout of a row is the P first halves, then the P second halves (L = 2P positions).
-    cols (R, L): the tag id at each position (dummies: O). fill (R, 1, L): 0, or NEG on dummies.
-    pad (1, 1, L): the emission of a word past the end (0 on O, NEG elsewhere). neg (1, 1, P): NEG.
-    o (1, 2): O twice (the two columns past the last possible word). prev (L, 1, L): 0 where position i may
-    precede position j, else NEG. zero (1, 1): where back-tracking starts (a virtual O after the last word).
-    down, up (1, 1, P): 0..P-1 and P..2P-1, and zero3 (1, 1, 1), for the pointer-table back-tracking.
+    A row's layout: the P first halves, then the P second halves (L = 2P). cols (R, L): the tag id at each
+    position (dummies: O). fill (R, 1, L): 0, or NEG on dummies. pad (1, 1, L): a word past the end (0 on O, NEG
+    elsewhere). neg (1, 1, P): NEG. o (1, 2): O twice (the columns past the last possible word). prev (L, 1, L): 0
+    where position i may precede position j, else NEG. zero (1, 1): back-tracking starts at a virtual O after the
+    last word. down, up (1, 1, P): 0..P-1 and P..2P-1, and zero3 (1, 1, 1), for the pointer-table back-tracking.
+    With `transitions` (converters/transitions.py, score vectors over tag ids), per row: unary (R, 1, L), start
+    (R, 1, P) (first halves), cont (R, 1, L): the moves into I-x from B-x (first P) and from I-x (last P); and
+    second (L, 1, 1), 1.0 on the second halves.
     """
     index = {t: k for k, t in enumerate(tags)}
     o_id = index.get(o, 0)
@@ -72,18 +72,27 @@ def bio_tables(tags: list[str], allowed: list[set[str] | None] | None = None, o:
                 pairs.append((k, None))
         rows.append(pairs)
     P = max(len(r) for r in rows)
-    cols, fill = [], []
+    cols, fill, scored = [], [], {"unary": [], "start": [], "cont": []}
     for pairs in rows:
         pairs = pairs + [(None, None)] * (P - len(pairs))
         layout = [p[0] for p in pairs] + [p[1] for p in pairs]
         cols.append([o_id if k is None else k for k in layout])
         fill.append([NEG if k is None else 0.0 for k in layout])
+        if transitions:
+            at = lambda vec, ks: [0.0 if k is None else vec[k] for k in ks]  # noqa: E731 (dummies: 0)
+            scored["unary"].append(at(transitions["unary"], layout))
+            scored["start"].append(at(transitions["start"], [p[0] for p in pairs]))
+            scored["cont"].append(at(transitions["from_b"], [p[1] for p in pairs])
+                                  + at(transitions["from_i"], [p[1] for p in pairs]))
     # prev[j, i]: 0 if the tag at position i may precede the one at j, else NEG (only I-x has a constraint).
     prev = torch.zeros(2 * P, 2 * P)
     for x in range(P):
         prev[P + x] = NEG
         prev[P + x, [x, P + x]] = 0.0
-    return {"cols": torch.tensor(cols), "fill": torch.tensor(fill)[:, None, :],
+    extra = {k: torch.tensor(v)[:, None, :] for k, v in scored.items() if transitions}
+    if transitions:
+        extra["second"] = (torch.arange(2 * P) >= P).float()[:, None, None]
+    return extra | {"cols": torch.tensor(cols), "fill": torch.tensor(fill)[:, None, :],
             "pad": torch.tensor([[[0.0] + [NEG] * (2 * P - 1)]]), "neg": torch.full((1, 1, P), NEG),
             "o": torch.tensor([[o_id, o_id]]),
             "prev": prev[:, None, :], "zero": torch.zeros(1, 1, dtype=torch.long),
@@ -147,11 +156,9 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
     (B,) the log-probability of the decoded path if words were independent: the sum over words of log softmax of
     the word's emission over the row's tags (the intent's slots), at the tag chosen.
 
-    Unrolled over the fixed length as plain tensor ops, so it exports to any runtime. At this size the cost is
-    ExecuTorch portable-kernel calls (about 0.2 us each, more for broadcasting and elementwise maximum), so the
-    graph is written for few calls on few elements: the predicted intent's slot pairs only, a forward step of
-    one whole-tensor max, two adds and one maximum, and a back-tracking step of one row lookup, one add and one
-    argmax (ONNX Runtime, which pays per node rather than per element, gets the pointer table instead)."""
+    Unrolled over the fixed length as plain tensor ops, so it exports to any runtime. The cost is ExecuTorch
+    portable-kernel calls (about 0.2 us each), so: the predicted intent's slot pairs only, a forward step of one
+    whole-tensor max, two adds and one maximum (two adds more with learned transitions)."""
     B, T, _ = emit.shape
     one = not batched and B == 1  # a dynamic batch axis must not be specialised to 1 by a Python branch
     W = word_pos.shape[1]  # T - 2: [CLS] and [SEP] leave at most T - 2 words
@@ -172,36 +179,23 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
         pad, neg, zero, o = pad.expand(B, 1, L), neg.expand(B, 1, P), zero.expand(B, 1), o.expand(B, -1)
         e = emit.gather(2, cols[:, None, :].expand(B, T, L)) + fill
         e = torch.cat([pad, e[:, 1:]], 1).gather(1, word_pos[:, :, None].expand(B, W, L))
-    halves = e.reshape(B, 2 * W, P).split(1, dim=1)  # word w: first half at 2w, I-x at 2w + 1; (B, 1, P) each
-    p, alpha = halves[0], [halves[0], neg]  # no sentence starts inside a slot
+    learned = _learned(tables, row, B, one) if "cont" in tables else None  # transitions: unary, start, cont
+    halves = (e if learned is None else e.reshape(B, W, L) + learned[0]).reshape(B, 2 * W, P).split(1, dim=1)
+    first = halves[0] if learned is None else halves[0] + learned[1]
+    p, alpha = first, [first, neg]  # word w: first half at 2w, I-x at 2w + 1; no sentence starts inside a slot
+    if learned is not None:
+        from_b, from_i = learned[2].split(P, -1)  # (B, 1, P): the moves into each pair's I-x
     for w in range(1, W):
         # the best path so far, which any non-I tag follows
         m = p.max() if one else _max(p) if batched else p.amax(-1, keepdim=True)
-        a1, a2 = m + halves[2 * w], p + halves[2 * w + 1]  # I-x continues the best of its own pair
+        if learned is None:  # I-x continues the best of its own pair
+            a1, a2 = m + halves[2 * w], p + halves[2 * w + 1]
+        else:
+            a1, a2 = m + halves[2 * w], torch.maximum(alpha[-2] + from_b, alpha[-1] + from_i) + halves[2 * w + 1]
         p = torch.maximum(a1, a2)  # (B, 1, P)
         alpha += [a1, a2]
     scores = torch.cat(alpha, 1).reshape(B, W, L)  # best score of a path ending in each tag at each word
-    # Back-tracking from a virtual O after the last word: word w's tag is the best of the allowed predecessors
-    # of word w + 1's (anything before O/B-x, only B-x or I-x before I-x). Same answers either way; the cost
-    # differs by runtime (BACKTRACK).
-    path = []
-    if backtrack == "argmax":  # per word: a predecessor-row lookup, an add and an argmax on (B, 1, L)
-        prev, cur = tables["prev"], zero
-        steps = scores.split(1, dim=1)
-        for w in range(W - 1, -1, -1):
-            cur = (steps[w] + prev.index_select(0, cur.reshape(B))).argmax(-1)  # (B, 1)
-            path.append(cur)
-        path = torch.cat(path[::-1], 1)  # (B, W) layout positions
-    else:  # "table": back-pointers for all words in a few vectorised ops, then one tiny gather per word
-        best = scores.argmax(-1, keepdim=True)  # (B, W, 1)
-        first, second = scores.split(P, 2)
-        pair = torch.where(second > first, tables["up"], tables["down"])  # (B, W, P): I-x came from B-x or I-x
-        back = torch.cat([best.expand(B, W, P), pair], 2).split(1, dim=1)  # W x (B, 1, L): position at w given w+1
-        cur = tables["zero3"] if one else tables["zero3"].expand(B, 1, 1)
-        for w in range(W - 1, -1, -1):
-            cur = back[w].gather(2, cur)  # (B, 1, 1)
-            path.append(cur)
-        path = torch.cat(path[::-1], 2).reshape(B, W)
+    path = _backtrack(scores, tables, learned, backtrack, zero, one)  # (B, W) layout positions
     tags = torch.cat([cols.gather(1, path), o], 1)  # (B, T) tag ids
     if not path_score:
         return tags
@@ -209,6 +203,47 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
     # log-probability is exactly 0, so no mask is needed.
     logp = torch.log_softmax(e.reshape(B, W, L), -1).gather(2, path[:, :, None])  # (B, W, 1)
     return tags, logp.reshape(B, W).sum(-1)
+
+
+def _backtrack(scores: torch.Tensor, tables: dict, learned: tuple | None, backtrack: str, zero: torch.Tensor,
+               one: bool) -> torch.Tensor:
+    """(B, W) layout positions of the best path, from scores (B, W, L), starting at a virtual O after the last
+    word: word w's tag is the best of the allowed predecessors of word w + 1's (anything before O/B-x, only B-x or
+    I-x before I-x, with their move's learned score). Same answers either way; the cost differs by runtime
+    (BACKTRACK)."""
+    B, W, L = scores.shape
+    P, path = L // 2, []
+    if backtrack == "argmax":  # per word: a predecessor-row lookup, an add and an argmax on (B, 1, L)
+        prev, cur = tables["prev"], zero  # (L, 1, L)
+        if learned is not None:  # I-x's two predecessors carry their move's score: this row's table
+            prev = prev + tables["second"] * learned[2] if one else \
+                (prev[None, :, 0] + tables["second"][None, :, 0] * learned[2])  # (L, 1, L) or (B, L, L)
+        steps = scores.split(1, dim=1)
+        for w in range(W - 1, -1, -1):
+            row_of = prev.index_select(0, cur.reshape(B)) if learned is None or one else \
+                prev.gather(1, cur[:, :, None].expand(B, 1, L))  # (B, 1, L)
+            cur = (steps[w] + row_of).argmax(-1)  # (B, 1)
+            path.append(cur)
+        return torch.cat(path[::-1], 1)
+    # "table": back-pointers for all words in a few vectorised ops, then one tiny gather per word
+    best = scores.argmax(-1, keepdim=True)  # (B, W, 1)
+    first, second = (scores if learned is None else scores + learned[2]).split(P, 2)
+    pair = torch.where(second > first, tables["up"], tables["down"])  # (B, W, P): I-x came from B-x or I-x
+    back = torch.cat([best.expand(B, W, P), pair], 2).split(1, dim=1)  # W x (B, 1, L): position at w given w+1
+    cur = tables["zero3"] if one else tables["zero3"].expand(B, 1, 1)
+    for w in range(W - 1, -1, -1):
+        cur = back[w].gather(2, cur)  # (B, 1, 1)
+        path.append(cur)
+    return torch.cat(path[::-1], 2).reshape(B, W)
+
+
+def _learned(tables: dict, row: torch.Tensor | None, B: int, one: bool) -> tuple[torch.Tensor, ...]:
+    """The row's unary (B, 1, L), start (B, 1, P) and cont (B, 1, L) transition scores (bio_tables)."""
+    out = []
+    for k in ("unary", "start", "cont"):
+        t = tables[k]
+        out.append(t.index_select(0, row) if row is not None else t if one else t.expand(B, -1, -1))
+    return tuple(out)
 
 
 def _max(x: torch.Tensor) -> torch.Tensor:
@@ -293,6 +328,8 @@ class DecodingConfig:
     threshold: float = 0.0
     score: str = "confidence"
     temperature: float = 1.0
+    # learned transition scores (converters/transitions.py: start, unary, from_b, from_i, each (S,)); None: BIO only
+    transitions: dict[str, list[float]] | None = None
 
     def __post_init__(self):
         unknown = sorted(set(self.allowed_intents or ()) - set(self.intents))
@@ -328,11 +365,11 @@ def with_decoding(model: nn.Module, cfg: DecodingConfig) -> tuple[DecodedModel, 
     tables = None
     if has_slots:
         allowed = [{t[2:] for t, b in zip(cfg.slot_tags, r) if b == 0 and t != "O"} for r in bias.tolist()]
-        tables = bio_tables(cfg.slot_tags, allowed)
+        tables = bio_tables(cfg.slot_tags, allowed, transitions=cfg.transitions)
     dm = DecodedModel(model, cfg.base_mask(), cfg.oos_id, cfg.threshold, tables, cfg.score, cfg.temperature).eval()
     rec = PassRecord("decoding", seconds=time.perf_counter() - t0, extra={
         "allowed_intents": cfg.allowed_intents, "oos_id": cfg.oos_id, "threshold": cfg.threshold,
-        "score": cfg.score, "temperature": cfg.temperature,
+        "score": cfg.score, "temperature": cfg.temperature, "transitions": cfg.transitions if has_slots else None,
         "oos_class": cfg.oos_label in cfg.intents, "oos_in_softmax": cfg.oos_in_softmax,
         "intent_slots": {k: sorted(v) for k, v in cfg.intent_slots.items()} if cfg.intent_slots is not None else None,
         "blocked_transitions": int((bio_transitions(cfg.slot_tags) < 0).sum()) if has_slots else 0,
@@ -347,15 +384,7 @@ def config_from_record(labels: dict, extra: dict) -> DecodingConfig:
                           {k: set(v) for k, v in slots.items()} if slots is not None else None,
                           extra.get("allowed_intents"), labels.get("oos_label"), extra.get("oos_in_softmax", True),
                           extra.get("threshold", 0.0), extra.get("score", "confidence"),
-                          extra.get("temperature", 1.0))
-
-
-def intent_slots_seen(examples) -> dict[str, set[str]]:
-    """The slots observed with each intent in `examples` (the intent-to-slot whitelist)."""
-    seen: dict[str, set[str]] = {}
-    for ex in examples:
-        seen.setdefault(ex.intent, set()).update(t[2:] for t in (ex.tags or []) if t != "O")
-    return seen
+                          extra.get("temperature", 1.0), extra.get("transitions"))
 
 
 def io_names(model: nn.Module) -> tuple[list[str], list[str]]:

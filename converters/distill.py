@@ -58,6 +58,11 @@ class DistillConfig:
     temperature: float = 4.0
     alpha: float = 0.7  # weight of the soft (teacher) targets
     hidden_weight: float = 1.0  # weight of hidden-state matching (0: logits only)
+    # Weight of relation matching (MiniLMv2-style, on hidden states at [CLS] and each word's first piece, last matched
+    # layer): per relation head, the softmax of the scaled dot products between words, student against teacher (KL).
+    # It needs no equal widths and no projection. 0: off.
+    relation_weight: float = 0.0
+    relation_heads: int = 12  # must divide both widths (MiniLM 384, MPNet-base 768)
     # Extra training utterances, as a share of train, made by swapping slot values (edgekit.data.dataset.swap_mentions),
     # or on intent-only data by replacing a `word_noise` share of words (edgekit.data.dataset.replace_words); the teacher
     # labels them like the rest.
@@ -101,6 +106,10 @@ class DistillConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not 0 <= self.hidden_weight < math.inf:
             raise ValueError(f"hidden_weight must be a finite number >= 0, got {self.hidden_weight}")
+        if not 0 <= self.relation_weight < math.inf:
+            raise ValueError(f"relation_weight must be a finite number >= 0, got {self.relation_weight}")
+        if self.relation_heads < 1:
+            raise ValueError(f"relation_heads must be >= 1, got {self.relation_heads}")
 
 
 def novel_words(teacher_tokenizer, student_tokenizer, min_chars: int = 3) -> list[str]:
@@ -205,6 +214,32 @@ def kd_loss(student: torch.Tensor, teacher: torch.Tensor, hard: torch.Tensor, T:
     return alpha * soft + (1 - alpha) * hard_loss
 
 
+def relations(h: torch.Tensor, b_idx: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, H) word states of a batch (rows of one utterance together, b_idx (N,) its index) -> (B, heads, M, M)
+    log-softmax of scaled dot products within each utterance (M: its most words), and the (B, M) word mask."""
+    N, H = h.shape
+    if H % heads:
+        raise ValueError(f"relation_heads {heads} does not divide the width {H}")
+    counts = torch.bincount(b_idx)
+    j_idx = torch.arange(N) - (counts.cumsum(0) - counts)[b_idx]  # each row's place in its utterance
+    x = h.float().new_zeros(len(counts), int(counts.max()), H)
+    x[b_idx, j_idx] = h.float()
+    mask = torch.zeros(x.shape[:2], dtype=torch.bool)
+    mask[b_idx, j_idx] = True
+    x = x.view(*x.shape[:2], heads, H // heads).transpose(1, 2)  # (B, R, M, d)
+    scores = x @ x.transpose(-1, -2) / math.sqrt(H // heads)  # (B, R, M, M)
+    return scores.masked_fill(~mask[:, None, None, :], -math.inf).log_softmax(-1), mask
+
+
+def relation_loss(student: torch.Tensor, teacher: torch.Tensor, b_idx: torch.Tensor, heads: int) -> torch.Tensor:
+    """KL(teacher || student) of the word-to-word relations, averaged over heads and words."""
+    s, mask = relations(student, b_idx, heads)
+    t, _ = relations(teacher, b_idx, heads)
+    pair = mask[:, None, :, None] & mask[:, None, None, :]  # (B, 1, M, M): both words real
+    kl = (t.exp() * (t - s)).masked_fill(~pair, 0.0)  # 0 * (-inf - -inf) would be NaN on padding
+    return kl.sum() / (heads * len(b_idx))
+
+
 def distill(model: JointModel, inputs: DistillInputs, cfg: DistillConfig) -> PassResult:
     """Train `model` (the student) on the teacher's soft targets; keep the best dev checkpoint."""
     t0 = time.perf_counter()
@@ -217,12 +252,12 @@ def distill(model: JointModel, inputs: DistillInputs, cfg: DistillConfig) -> Pas
     train, novel = augmented(x, cfg)
     s_feats = featurize(train, x.student_tokenizer, x.labels, x.max_len)
     t_feats = featurize(train, x.teacher_tokenizer, x.labels, x.max_len)
-    layer_map = x.layer_map if cfg.hidden_weight > 0 else None
+    layer_map = x.layer_map if cfg.hidden_weight > 0 or cfg.relation_weight > 0 else None
     if layer_map is not None and len(layer_map) != model.cfg.layers:
         raise ValueError(f"layer_map has {len(layer_map)} entries for a {model.cfg.layers}-layer student")
     compute = lambda: teacher_targets(x.teacher, t_feats, x.teacher_tokenizer.pad_id, layer_map)  # noqa: E731
     t_intent, t_words, t_hidden = x.memo(compute) if x.memo else compute()
-    proj = projections(model, x.teacher, len(layer_map)) if layer_map else None
+    proj = projections(model, x.teacher, len(layer_map)) if layer_map and cfg.hidden_weight > 0 else None
     s_pos = [_word_positions(s_feats, i) for i in range(len(s_feats.ids))]
     t_pos_n = [_word_positions(t_feats, i) for i in range(len(t_feats.ids))]
     tag_id = {t: k for k, t in enumerate(x.labels["slot_tags"])}
@@ -246,8 +281,11 @@ def distill(model: JointModel, inputs: DistillInputs, cfg: DistillConfig) -> Pas
             p_idx = torch.tensor([p for i, k in zip(idx, n) for p in [0] + s_pos[i][:k]], dtype=torch.long)
             target = torch.cat([t_hidden[i][:, : k + 1].float() for i, k in zip(idx, n)], 1)  # (L, W, H)
             got = [st[b_idx, p_idx] for st in states[1:]]  # L x (W, H_s)
-            got = torch.stack([f(g) for f, g in zip(proj, got)] if proj is not None else got).float()  # (L, W, H_t)
-            loss = loss + cfg.hidden_weight * F.mse_loss(got, target)
+            if cfg.relation_weight > 0:
+                loss = loss + cfg.relation_weight * relation_loss(got[-1], target[-1], b_idx, cfg.relation_heads)
+            if cfg.hidden_weight > 0:
+                got = torch.stack([f(g) for f, g in zip(proj, got)] if proj is not None else got).float()  # (L, W, H_t)
+                loss = loss + cfg.hidden_weight * F.mse_loss(got, target)
         if len(out) > 1:
             b_idx = torch.tensor([b for b, k in enumerate(n) for _ in range(k)], dtype=torch.long)
             p_idx = torch.tensor([p for i, k in zip(idx, n) for p in s_pos[i][:k]], dtype=torch.long)
@@ -270,6 +308,7 @@ def distill(model: JointModel, inputs: DistillInputs, cfg: DistillConfig) -> Pas
                      augmented=len(train) - len(x.train), novel_share=cfg.novel,
                      novel_words=len(novel or []), word_pool=model.cfg.word_pool,
                      hidden_weight=cfg.hidden_weight if layer_map else 0.0, layer_map=layer_map,
+                     relation_weight=cfg.relation_weight if layer_map else 0.0,
                      hidden_projection=[model.cfg.hidden, x.teacher.cfg.hidden] if proj is not None else None)
     rec.seconds = time.perf_counter() - t0
     return PassResult(model, rec)

@@ -118,7 +118,7 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
     methods = [b["method"] for b in buckets.get("executorch", [])]
     shapes = [i["shape"] for i in m["inputs"]]
     want = _input_shapes(T, n_int, shapes[0][0] == "batch")
-    dec = m["decoding"]
+    dec, score = m["decoding"], (m.get("cascade") or {}).get("score", "confidence")
     facts = [  # what the schema cannot say: the fields agree with one another
         ("inputs", len({s[0] == "batch" for s in shapes}) == 1, "'batch' on some inputs only (R9)"),
         ("primary_runtime", m["primary_runtime"] in models, f"{m['primary_runtime']!r} has no model in models"),
@@ -134,8 +134,7 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
          "dynamic needs a batched graph ('batch' inputs)"),
         ("outputs", m["outputs"][2:] == (SLOT_OUTPUTS[version] if m["label_sets"]["slot_tags"] else []),
          f"{' and '.join(SLOT_OUTPUTS[version])} exactly when slot_tags > 0"),
-        ("cascade.score", (m.get("cascade") or {}).get("score", "confidence") in m["outputs"],
-         f"{_short((m.get('cascade') or {}).get('score'))} is not one of the outputs {m['outputs']}"),
+        ("cascade.score", score in m["outputs"], f"{_short(score)} is not one of the outputs {m['outputs']}"),
     ]
     for field, ok, why in facts:
         if not ok:

@@ -97,9 +97,9 @@ def check_segments(path: str | Path) -> None:
     """PteError (one line) unless the `.pte` at `path` has a segment table the serializer would write (reads the
     header and the program, not the segments)."""
     path = Path(path)
+    file_size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(HEADER)
         program_size = _u(head, 16, "<Q") if head[8:12] == b"eh00" else 0
-        data = head + f.read(max(0, min(program_size, path.stat().st_size) - HEADER)) if program_size else \
-            head + f.read()
-    check_table(data, path.stat().st_size)
+        data = head + f.read(max(0, min(program_size, file_size) - HEADER)) if program_size else head + f.read()
+    check_table(data, file_size)

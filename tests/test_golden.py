@@ -51,6 +51,9 @@ head_lr = 1e-2
 [decoding]
 oos_far = 0.05
 compare_argmax = false  # the answers are pinned; the argmax graph beside them is not
+# recorded before learned transitions existed, on machines this one cannot re-record; their graph is held to the
+# CRF by enumeration (tests/converters/test_decoding.py) and runs in test_pipeline's builds
+transitions = false
 [quantize]
 calib_samples = 32
 embedding_bits = 4

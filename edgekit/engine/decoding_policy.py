@@ -12,6 +12,8 @@ off and out-of-scope recall is unknown.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +21,8 @@ import numpy as np
 from edgekit.engine.context import Context
 from edgekit.engine.measure import decoding_config, intent_logits
 from edgekit.scoring import confidence as cal
+
+log = logging.getLogger("edgekit")
 
 
 @dataclass
@@ -125,6 +129,26 @@ def decoding_graph(ctx: Context, model):
     temperature, info = _temperature(ctx, dev, test)
     cfg, more = _with_oos_data(ctx, dev, test, temperature) if dev.oos.any() else \
         _without_oos_data(ctx, dev, temperature)
+    fit = _transitions(ctx, cfg) if ctx.data.slot_tags and ctx.settings.decoding.transitions else None
+    if fit is not None:
+        cfg = dataclasses.replace(cfg, transitions=fit.extra.pop("transitions"))
     dm, rec = with_decoding(model, cfg)
-    rec.extra.update(info | more, intent_slot_choice=ctx.teacher.intent_slots_choice)
+    rec.extra.update(info | more, intent_slot_choice=ctx.teacher.intent_slots_choice,
+                     transitions_fit=fit.extra | {"seconds": fit.seconds} if fit is not None else None)
     return dm, rec
+
+
+def _transitions(ctx: Context, cfg):
+    """Transition scores fitted on train over the FP32 model's slot scores (the INT8 model's differ little and cost
+    more to run), under the same intent-to-slot table; their record."""
+    from edgekit.converters.decoding import intent_slot_table
+    from edgekit.converters.transitions import TransitionConfig, TransitionInputs, fit_transitions
+
+    s = ctx.settings.decoding
+    fp32 = ctx.fp32()
+    allow = intent_slot_table(cfg.intents, cfg.slot_tags, cfg.intent_slots, len(cfg.intents) + 1)
+    inputs = TransitionInputs(fp32.tokenizer, ctx.data.splits["train"], ctx.labels, ctx.max_len, allow)
+    rec = fit_transitions(fp32.model, inputs, TransitionConfig(s.transition_epochs, s.transition_l2)).record
+    log.info("transitions: train NLL %.4f -> %.4f over %d utterances, %.1fs", rec.extra["train_nll_before"],
+             rec.extra["train_nll_after"], rec.extra["utterances"], rec.seconds)
+    return rec

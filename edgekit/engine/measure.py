@@ -57,7 +57,7 @@ def choose_intent_slots(ctx: Context, teacher, tokenizer) -> tuple[dict | None, 
     Measured once, with the teacher on dev: the whitelist is kept unless decoding without it gives a higher
     slot F1 (on ATIS, intents whose test utterances carry slots never seen with them in train make it cost
     0.3-0.7 pt). Returns (table with sorted lists, the choice and both figures)."""
-    from edgekit.converters.decoding import DecodingConfig, intent_slots_seen, with_decoding
+    from edgekit.converters.decoding import DecodingConfig, with_decoding
 
     seen = intent_slots_seen(ctx.data.splits["train"]) if ctx.data.has_slots else None
     if seen is None:
@@ -111,3 +111,11 @@ def quant_inputs(ctx: Context, n: int, decoding: bool) -> list[list[np.ndarray]]
 def argmax_answers(ctx: Context, model, tokenizer) -> list[dict]:
     """Plain argmax answers of an eager model on the test split."""
     return predict_eager(model, ctx.data.splits["test"], tokenizer, ctx.labels, ctx.max_len)
+
+
+def intent_slots_seen(examples) -> dict[str, set[str]]:
+    """The slots observed with each intent in `examples` (the intent-to-slot whitelist)."""
+    seen: dict[str, set[str]] = {}
+    for ex in examples:
+        seen.setdefault(ex.intent, set()).update(t[2:] for t in (ex.tags or []) if t != "O")
+    return seen

@@ -25,10 +25,12 @@ log = logging.getLogger("edgekit")
 SOCKET_LIMIT = 107  # bytes in a Unix socket path (sun_path, less its NUL)
 RAY_SOCKET_TAIL = len("/session_2026-12-02_16-42-08_123456_1234567/sockets/plasma_store")
 RAY_TMP = Path("/tmp")
-# HAProxy's retry-on and retries: a request whose replica died is tried up to three times in all, each retry
-# redispatched to another server where there is one (with one retry, one request in eight kills under load failed);
-# an input that crashes replicas is tried three times at most
-RETRY_ON, RETRIES = "conn-failure empty-response junk-response", 2
+# HAProxy's retry-on and retries: a request whose replica died is tried up to four times in all, each retry
+# redispatched. Serve balances by `leastconn`, so a dead replica, holding no connections, is the first pick until
+# `observe layer4 error-limit 3` marks it down: three tries could all meet it (1 request in 3,330 failed so under a
+# kill), the fourth cannot. With one retry, one request in eight kills under load failed. An input that crashes
+# replicas is tried four times at most
+RETRY_ON, RETRIES = "conn-failure empty-response junk-response", 3
 REAL_HAPROXY = "EDGEKIT_HAPROXY_BINARY"  # the binary the shim runs: a second start must not wrap the shim
 
 

@@ -265,12 +265,16 @@ def test_decoding_config_checks_score_threshold_and_temperature():
             DecodingConfig(INTENTS, TAGS, **bad)
 
 
-@pytest.mark.parametrize("n_slots", [len(TAGS), 0])
-def test_decoding_graph_exports_to_both_runtimes(tmp_path, n_slots):
+LEARNED = {"start": [0.5, 0.2, 0.0, -0.3, 0.1], "unary": [0.3, -0.4, 0.2, 0.1, -0.2],
+           "from_b": [0.0, 0.0, 0.7, 0.0, -0.5], "from_i": [0.0, 0.0, -0.6, 0.0, 0.4]}
+
+
+@pytest.mark.parametrize("n_slots,transitions", [(len(TAGS), None), (len(TAGS), LEARNED), (0, None)])
+def test_decoding_graph_exports_to_both_runtimes(tmp_path, n_slots, transitions):
     from edgekit.converters.export_executorch import ExecuTorchExportConfig, export_executorch
     from edgekit.converters.export_onnx import OnnxExportConfig, export_onnx
 
-    dm, _ = with_decoding(tiny(n_slots), DecodingConfig(INTENTS, TAGS, threshold=0.4))
+    dm, _ = with_decoding(tiny(n_slots), DecodingConfig(INTENTS, TAGS, threshold=0.4, transitions=transitions))
     checks = graph_inputs(6) + graph_inputs(2, mask=[False, True, True], reject=False)
     for rec in (export_executorch(dm, ExecuTorchExportConfig(L), tmp_path / "m.pte", checks),
                 export_onnx(dm, OnnxExportConfig(L), tmp_path / "m.onnx", checks)):
@@ -321,3 +325,48 @@ def test_path_confidence_of_a_rejection_is_its_confidence_and_a_batch_answers_as
         np.testing.assert_array_equal(got[0][b:b + 1], want[0])
         np.testing.assert_array_equal(got[2][b:b + 1], want[2])
         np.testing.assert_allclose(got[3][b:b + 1], want[3], rtol=1e-5)
+
+
+def crf_brute_force(emit, pos, crf, block):
+    """Best path under a FactoredCRF's scores (start, unary, its S x S moves), by enumeration."""
+    trans, best, arg = crf.trans().detach(), None, None
+    start, unary = (crf.start + crf.start_mask).detach(), crf.unary.detach()
+    for path in itertools.product(range(emit.shape[-1]), repeat=len(pos)):
+        sc = float(start[path[0]])
+        for k, (p, t) in enumerate(zip(pos, path)):
+            sc += float(emit[p, t] + block[t] + unary[t] + (trans[path[k - 1], t] if k else 0.0))
+        if best is None or sc > best:
+            best, arg = sc, path
+    return list(arg)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("backtrack", ["argmax", "table"])
+@pytest.mark.parametrize("seed", range(8))
+def test_viterbi_with_learned_transitions_matches_the_crf_it_was_fitted_as(seed, backtrack, batched):
+    """The graph's Viterbi with transition scores (start, unary, the moves into I-x) finds the path the CRF of
+    converters/transitions.py scores best, per intent row, alone (the phone's path) and in a batch."""
+    from edgekit.converters.transitions import FactoredCRF
+
+    g = torch.Generator().manual_seed(seed)
+    T, tags = 7, ODD_TAGS + ["B-d", "I-d"]
+    crf = FactoredCRF(tags)
+    with torch.no_grad():
+        for p in (crf.start, crf.unary, crf.from_b, crf.from_i):
+            p.copy_(torch.randn(len(tags), generator=g) * 2)
+    allowed = [{"a"}, {"b", "c", "d"}, None]
+    tables = bio_tables(tags, allowed, transitions=crf.scores())
+    emit = torch.randn(3, T, len(tags), generator=g) * 3
+    starts = torch.rand(3, T, generator=g) < 0.7
+    starts[:, 0], starts[:, 1], starts[:, -1] = False, True, False
+    pos, row = word_positions(starts), torch.tensor([0, 1, 2])
+    got = viterbi(emit, pos, tables, row, backtrack, batched=batched)
+    for b, ok in enumerate(allowed):
+        block = torch.tensor([0.0 if t == "O" or ok is None or t[2:] in ok else -1e4 for t in tags])
+        words = starts[b].nonzero().flatten().tolist()[: T - 2]
+        assert got[b, : len(words)].tolist() == crf_brute_force(emit[b], words, crf, block), b
+        assert torch.equal(viterbi(emit[b:b + 1], pos[b:b + 1], tables, row[b:b + 1], backtrack), got[b:b + 1])
+    plain = viterbi(emit, pos, bio_tables(tags, allowed), row, backtrack, batched=batched)
+    zero = {k: [0.0] * len(tags) for k in ("start", "unary", "from_b", "from_i")}
+    assert torch.equal(viterbi(emit, pos, bio_tables(tags, allowed, transitions=zero), row, backtrack,
+                               batched=batched), plain)  # zero scores: BIO alone

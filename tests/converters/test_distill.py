@@ -176,3 +176,47 @@ def test_distill_from_a_wider_deeper_mpnet_teacher_with_another_tokenizer():
     assert res.record.extra["hidden_projection"] == [16, 32] and res.record.extra["hidden_weight"] == 1.0
     assert curve[-1]["train_loss"] < curve[0]["train_loss"]
     assert set(res.model.state_dict()) == keys  # the projections are not the student's
+
+
+def test_relation_loss_compares_words_within_each_utterance_only():
+    """Relations are a softmax over the words of the same utterance: equal states give 0, another utterance's words
+    never enter, a change does, and a teacher of another width needs no projection."""
+    from edgekit.converters.distill import relation_loss
+
+    torch.manual_seed(0)
+    b_idx = torch.tensor([0, 0, 0, 1, 1])
+    s = torch.randn(5, 8)
+    assert relation_loss(s, s.clone(), b_idx, 2).abs() < 1e-6
+    assert relation_loss(s, torch.randn(5, 8), b_idx, 2) > 0
+    moved = s.clone()
+    moved[3:] = torch.randn(2, 8)  # utterance 1 changes: utterance 0's rows keep a loss of 0
+    per_row = lambda st, tt: relation_loss(st[:3], tt[:3], b_idx[:3], 2)  # noqa: E731
+    assert per_row(s, moved).abs() < 1e-6 and relation_loss(s, moved, b_idx, 2) > 0
+    assert relation_loss(s, torch.randn(5, 16), b_idx, 2) > 0  # (5, 16): twice as wide
+    with pytest.raises(ValueError, match="does not divide"):
+        relation_loss(s, s, b_idx, 3)
+
+
+def test_distill_with_relations_alone_from_a_wider_teacher():
+    """relation_weight > 0 with hidden_weight 0: relations only, no projection, and the loss falls."""
+    data = load_dataset(DEMO)
+    words = sorted({w.lower() for ex in data.splits["train"] for w in ex.words})
+    tok, rows = from_wordpiece(make_vocab(words))
+
+    def model(hidden, layers):
+        torch.manual_seed(layers)
+        m = JointModel(ModelConfig(vocab_size=len(make_vocab(words)), hidden=hidden, heads=[4] * layers,
+                                   ffn=[64] * layers, head_dim=hidden // 4, n_intents=len(data.intents),
+                                   n_slots=len(data.slot_tags), dropout=0.0))
+        gather_embeddings(m, rows)
+        return m
+
+    inputs = DistillInputs(teacher=model(32, 2).eval(), teacher_tokenizer=tok, student_tokenizer=tok,
+                           train=data.splits["train"][:150], dev=data.splits["dev"][:20], labels=labels_of(data),
+                           max_len=32, layer_map=[2])
+    rec = distill(model(16, 1), inputs, DistillConfig(epochs=2, lr=3e-3, augment=0.0, novel=0.0, hidden_weight=0.0,
+                                                      relation_weight=1.0, relation_heads=4)).record
+    assert rec.extra["relation_weight"] == 1.0 and rec.extra["hidden_projection"] is None
+    assert rec.extra["curve"][-1]["train_loss"] < rec.extra["curve"][0]["train_loss"]
+    with pytest.raises(ValueError):
+        DistillConfig(relation_weight=-1.0)

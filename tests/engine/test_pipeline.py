@@ -164,6 +164,10 @@ def test_eval_holds_out_what_the_build_held_out(built, tmp_path, monkeypatch):
     assert seeds == [3] and res["n"] == len(real(DEMO, None, 3).splits["test"])
 
 
+def rep_tags(out) -> list[str]:
+    return json.loads((out / "labels.json").read_text())["slot_tags"]
+
+
 def test_decoding_graph_in_report(built):
     out, rep = built
     export = next(p for p in rep["passes"] if p["name"] == "export")["extra"]
@@ -174,6 +178,10 @@ def test_decoding_graph_in_report(built):
     ch = d["intent_slot_choice"]  # measured with the teacher on dev; the graph carries the chosen table
     assert ch["used"] == (ch["teacher_dev_slot_f1_with"] >= ch["teacher_dev_slot_f1_without"])
     assert (d["intent_slots"] is not None) == ch["used"]
+    # learned transitions (on by default): fitted on train, the scores in the record the graph is rebuilt from
+    fit, tr = d["transitions_fit"], d["transitions"]
+    assert fit["train_nll_after"] < fit["train_nll_before"] and fit["utterances"] > 0
+    assert set(tr) == {"start", "unary", "from_b", "from_i"} and all(len(v) == len(rep_tags(out)) for v in tr.values())
     for rt in ("executorch", "onnx"):
         e = export[rt]["extra"]["decoding"]
         assert e["constrained"]["invalid_bio"] == 0

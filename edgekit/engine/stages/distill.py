@@ -66,7 +66,9 @@ def _try(ctx: Context, attempt: int, target: int) -> tuple:
     c = ctx.settings.compress
     source = ctx.latest("distill")
     d = dataclasses.asdict(ctx.settings.distill)
-    settings = {"distill": {k: v for k, v in d.items() if k != "teacher"}, "target": target,
+    # relations off: the key a build had before the setting existed (the same student comes out)
+    off = {"teacher"} | ({"relation_weight", "relation_heads"} if not d["relation_weight"] else set())
+    settings = {"distill": {k: v for k, v in d.items() if k not in off}, "target": target,
                 "prune_layers": c.prune_layers, "prune_samples": c.prune_samples}
     if ctx.strong is not None:  # distill.teacher: by its own key (its recipe, base model and data), not its name
         settings["teacher_key"] = ctx.strong.key
@@ -99,7 +101,7 @@ def _try(ctx: Context, attempt: int, target: int) -> tuple:
                            dev=ctx.data.splits["dev"], labels=ctx.labels, max_len=ctx.max_len, layer_map=layer_map,
                            evaluate=lambda m: measure(ctx, m, ctx.tokenizer, "dev"),  # epochs chosen as shipped
                            pool_seed=ctx.cfg.seed if ctx.strong is not None else None,
-                           memo=_memo(ctx, layer_map if ctx.settings.distill.hidden_weight > 0 else None, info))
+                           memo=_memo(ctx, layer_map if d["hidden_weight"] or d["relation_weight"] else None, info))
     res = distill(copy.deepcopy(student), inputs, ctx.settings.distill)
     if info:
         res.record.extra["teacher"] = info
