@@ -158,7 +158,7 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
 
     Unrolled over the fixed length as plain tensor ops, so it exports to any runtime. The cost is ExecuTorch
     portable-kernel calls (about 0.2 us each), so: the predicted intent's slot pairs only, a forward step of one
-    whole-tensor max, two adds and one maximum (two adds more with learned transitions)."""
+    whole-tensor max, two adds and one maximum (two adds and a maximum more with learned transitions)."""
     B, T, _ = emit.shape
     one = not batched and B == 1  # a dynamic batch axis must not be specialised to 1 by a Python branch
     W = word_pos.shape[1]  # T - 2: [CLS] and [SEP] leave at most T - 2 words

@@ -99,7 +99,8 @@ class DecodingSettings:
     oos_max_drop_pts: float = 1.5
     compare_argmax: bool = True
     # Learned tag-transition scores in the Viterbi (converters/transitions.py), fitted on train over the FP32
-    # model's slot scores: SNIPS +0.44 slot F1 on test over three students (docs/experiments.md, 2026-12-06)
+    # model's slot scores: SNIPS packages +0.34 slot F1 (ExecuTorch), +0.48 (ONNX Runtime) over three seeds
+    # (docs/experiments.md, 2026-12-06)
     transitions: bool = True
     transition_epochs: int = 5
     transition_l2: float = 1e-4

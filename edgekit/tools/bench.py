@@ -42,6 +42,7 @@ def export_teacher(package: Path, runtime: str, dest: Path) -> Path:
     if export is None:
         raise EdgekitError(f"{package / 'report.json'}: the build has no export record")
     teacher = load_model(entry / "model.safetensors")
+    # the package's own decoding graph (its learned transition scores too): the same ops, so latency compares alike
     decoded, _ = with_decoding(teacher, config_from_record(pkg.labels, export["extra"]["decoding"]))
     tok = SentencePieceTokenizer.from_file(entry / "tokenizer.model")
     texts = ["play the latest song by queen", "what is the weather tomorrow", "book a table for two"]

@@ -66,7 +66,8 @@ def _try(ctx: Context, attempt: int, target: int) -> tuple:
     c = ctx.settings.compress
     source = ctx.latest("distill")
     d = dataclasses.asdict(ctx.settings.distill)
-    # relations off: the key a build had before the setting existed (the same student comes out)
+    # relations off: each try's key is the one it had before the setting existed (the same student comes out; the
+    # stage's own key, which reads every [distill] setting, does change: the stage re-runs once, its tries cached)
     off = {"teacher"} | ({"relation_weight", "relation_heads"} if not d["relation_weight"] else set())
     settings = {"distill": {k: v for k, v in d.items() if k not in off}, "target": target,
                 "prune_layers": c.prune_layers, "prune_samples": c.prune_samples}
