@@ -45,6 +45,8 @@ def test_minilm_on_snips_slice(tmp_path):
     # INT8 (4-bit embeddings) against FP32 on the real model: within a few points on 100 test utterances
     assert int8["name"] == "quantize" and int8["size_bytes"] < teacher["size_bytes"] / 2
     assert abs(int8["intent_acc"] - teacher["intent_acc"]) <= 0.05 and teacher["slot_f1"] - int8["slot_f1"] <= 0.05
+    fit = export["extra"]["decoding"]["transitions_fit"]
+    assert fit["train_nll_after"] < fit["train_nll_before"] and fit["utterances"] > 600
     for rt in ("executorch", "onnx"):
         # ExecuTorch runs the eager INT8 model's own quantization (PT2E, histogram-calibrated): close to it.
         # ONNX Runtime calibrates its own INT8 with per-tensor min/max ranges, which MiniLM's outlier channels
@@ -54,7 +56,9 @@ def test_minilm_on_snips_slice(tmp_path):
         if rt == "executorch":
             assert e["extra"]["agreement_with_eager"] >= 0.7, (rt, e["metrics"], int8)
             assert abs(e["metrics"]["intent_acc"] - int8["intent_acc"]) <= 0.03, (rt, e["metrics"], int8)
-            assert abs(e["metrics"]["slot_f1"] - int8["slot_f1"]) <= 0.05, (rt, e["metrics"], int8)
+            # the stage scores BIO decoding alone; the package adds its learned transitions (fitted on this real
+            # model's train slice), which lift this weak teacher's slot F1 by up to 15 points: never below it
+            assert e["metrics"]["slot_f1"] >= int8["slot_f1"] - 0.05, (rt, e["metrics"], int8)
         else:  # measured on two runs: intent 0.93-0.97 against 1.0, slot F1 0.40-0.50 against 0.56-0.58
             assert teacher["intent_acc"] - e["metrics"]["intent_acc"] <= 0.15, (rt, e["metrics"], teacher)
             assert teacher["slot_f1"] - e["metrics"]["slot_f1"] <= 0.3, (rt, e["metrics"], teacher)

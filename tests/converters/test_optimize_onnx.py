@@ -139,7 +139,10 @@ def test_a_dynamic_sequence_axis_runs_each_batch_at_its_longest_utterance(server
     alone = [pred.predict(t) for t in texts]
     both = pred.predict_batch(texts)
     assert shapes == [(1, lengths[0]), (1, lengths[1]), (2, max(lengths))] and max(lengths) < pkg.max_len
-    assert alone == both
+    # the same answers; path_confidence to float32's last bits (ONNX Runtime's kernels for a batch of 1 and of 2)
+    assert [{**a, "path_confidence": None} for a in alone] == [{**b, "path_confidence": None} for b in both]
+    assert all(abs(a["path_confidence"] - b["path_confidence"]) <= 1e-6 * a["path_confidence"] + 1e-9
+               for a, b in zip(alone, both))
     # the graph still takes inputs padded to max_len (a client that ignores seq_axis)
     full = pred.inputs(pred.encode(texts[0]))
     assert real_run(pred.backend.session, None, dict(zip(pred.backend.input_names, full)))[0][0] == \
