@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -49,6 +50,9 @@ class DistillInputs:
     pool_seed: int | None = None
     # memo(compute) -> the teacher's outputs (teacher_targets' tuple): compute() or a stored copy of them.
     memo: Callable[[Callable[[], tuple]], tuple] | None = None
+    # Unlabelled utterances (Examples without intent or tags, DistillConfig.unlabelled's lines): the teacher's
+    # outputs are their only targets.
+    unlabelled: list = field(default_factory=list)
 
 
 @dataclass
@@ -86,6 +90,15 @@ class DistillConfig:
     # The teacher: None, the build's own (the teacher stage's, which the student is pruned from); or another base
     # model (a --base-model name or folder), fine-tuned as a server build of it would be, and shared with that build.
     teacher: str | None = None
+    # With `teacher`: a teacher assistant. The build's own teacher (the base model it compresses, fine-tuned) first
+    # learns from `teacher` by this distillation (logits only, `assistant_epochs` at `assistant_lr`, on the same
+    # augmented utterances), and then teaches the student as it would alone.
+    assistant: bool = False
+    assistant_epochs: int = 3
+    assistant_lr: float = 5e-5
+    # A text file of unlabelled utterances, one a line (an app's logs, say): the teacher labels them and they join
+    # the augmented utterances, so the student meets words and pieces beyond the task's. None: off.
+    unlabelled: str | None = None
 
     def __post_init__(self):
         if not 0 < self.temperature < math.inf:
@@ -110,6 +123,14 @@ class DistillConfig:
             raise ValueError(f"relation_weight must be a finite number >= 0, got {self.relation_weight}")
         if self.relation_heads < 1:
             raise ValueError(f"relation_heads must be >= 1, got {self.relation_heads}")
+        if self.assistant and not self.teacher:
+            raise ValueError("assistant needs a teacher to learn from: set distill.teacher (e.g. mpnet)")
+        if self.assistant_epochs < 1:
+            raise ValueError(f"assistant_epochs must be >= 1, got {self.assistant_epochs}")
+        if not 0 < self.assistant_lr < 1:
+            raise ValueError(f"assistant_lr must be in (0, 1), got {self.assistant_lr}")
+        if self.unlabelled is not None and not Path(self.unlabelled).is_file():
+            raise ValueError(f"unlabelled: file not found: {self.unlabelled}")
 
 
 def novel_words(teacher_tokenizer, student_tokenizer, min_chars: int = 3) -> list[str]:
@@ -175,8 +196,8 @@ def teacher_targets(teacher: JointModel, feats, pad_id: int, layer_map: list[int
 
 def augmented(x: DistillInputs, cfg: DistillConfig) -> tuple[list, list[str] | None]:
     """train, then `augment` x its size more utterances: slot values swapped (a `novel` share of them words the
-    teacher has whole and the student splits), or on intent-only data a `word_noise` share of words replaced.
-    Returns them and the novel words."""
+    teacher has whole and the student splits), or on intent-only data a `word_noise` share of words replaced; then
+    the unlabelled utterances. Returns them and the novel words."""
     seed = cfg.seed if x.pool_seed is None else x.pool_seed
     novel, n_extra = None, round(cfg.augment * len(x.train))
     if any(t != "O" for ex in x.train for t in ex.tags or []):
@@ -184,7 +205,7 @@ def augmented(x: DistillInputs, cfg: DistillConfig) -> tuple[list, list[str] | N
         extra = swap_mentions(x.train, n_extra, seed, novel, cfg.novel)
     else:  # intent-only data has no slot values to swap
         extra = replace_words(x.train, n_extra, seed, cfg.word_noise)
-    return x.train + extra, novel
+    return x.train + extra + x.unlabelled, novel
 
 
 def pack_targets(targets: tuple) -> dict[str, torch.Tensor]:
@@ -261,7 +282,8 @@ def distill(model: JointModel, inputs: DistillInputs, cfg: DistillConfig) -> Pas
     s_pos = [_word_positions(s_feats, i) for i in range(len(s_feats.ids))]
     t_pos_n = [_word_positions(t_feats, i) for i in range(len(t_feats.ids))]
     tag_id = {t: k for k, t in enumerate(x.labels["slot_tags"])}
-    word_tags = [[tag_id.get(t, IGNORE) for t in (ex.tags or [])] for ex in train]
+    # no tags (unlabelled utterances, or intent-only data): no hard slot target, the teacher's alone
+    word_tags = [[tag_id.get(t, IGNORE) for t in ex.tags] if ex.tags else [IGNORE] * len(ex.words) for ex in train]
     groups = [{"params": [p for p in model.parameters() if p.ndim >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}]
     if proj is not None:
@@ -305,7 +327,8 @@ def distill(model: JointModel, inputs: DistillInputs, cfg: DistillConfig) -> Pas
     rec.extra.update(best_epoch=res.best_epoch, best_dev=res.best_dev)  # the kept model's dev metrics
     rec.params_after, rec.bytes_after = count_params(model), param_bytes(model)
     rec.extra.update(curve=curve, temperature=cfg.temperature, alpha=cfg.alpha, epochs=cfg.epochs, lr=cfg.lr,
-                     augmented=len(train) - len(x.train), novel_share=cfg.novel,
+                     augmented=len(train) - len(x.train) - len(x.unlabelled), unlabelled=len(x.unlabelled),
+                     novel_share=cfg.novel,
                      novel_words=len(novel or []), word_pool=model.cfg.word_pool,
                      hidden_weight=cfg.hidden_weight if layer_map else 0.0, layer_map=layer_map,
                      relation_weight=cfg.relation_weight if layer_map else 0.0,

@@ -26,13 +26,14 @@ from edgekit.data.formats import (
     read_head,
     read_jointbert,
     read_jsonl,
+    text_lines,
 )
 from edgekit.errors import DataError, EdgekitError
 
 log = logging.getLogger("edgekit")
 # Re-exported: callers read datasets through this module.
 __all__ = ["FORMATS", "SPLITS", "Dataset", "Example", "build_seed", "check_trainable", "detect_format", "load_dataset",
-           "package_split", "read_splits", "stratified_split"]
+           "package_split", "read_splits", "read_utterances", "stratified_split"]
 OOS_LABELS = ("oos", "out_of_scope")
 FORMATS = ("jointbert", "clinc", "csv", "jsonl", "split-files")
 SPLIT_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -246,3 +247,18 @@ def check_trainable(data: Dataset) -> None:
                         f"{' and '.join(made)} split{'s' if len(made) > 1 else ''}")
     if problems:
         raise DataError(data.source, None, "cannot train and score on this data: " + "; ".join(problems))
+
+
+def read_utterances(path: Path, limit: int | None = None) -> list[Example]:
+    """Unlabelled utterances, one a line (blank lines skipped), as Examples without an intent or tags: text for a
+    teacher to label (distill.unlabelled). At most `limit` of them, the first ones."""
+    out = []
+    for _, text in text_lines(Path(path)):
+        words = text.split()
+        if words:
+            out.append(Example(words, None))
+            if limit is not None and len(out) >= limit:
+                break
+    if not out:
+        raise DataError(Path(path), None, "holds no utterance (one a line)")
+    return out

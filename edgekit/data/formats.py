@@ -122,7 +122,7 @@ def _raw_lines(path: Path):
                 raise _too_long(path, n + 1)
 
 
-def _text_lines(path: Path):
+def text_lines(path: Path):
     """(1-based line number, text without its line break) for each line; an empty file is refused."""
     n = 0
     for n, raw in _raw_lines(path):
@@ -134,7 +134,7 @@ def _text_lines(path: Path):
 def _lines(path: Path) -> list[str]:
     if not path.is_file():
         raise DataError(path, None, "missing split file")
-    return [text for _, text in _text_lines(path)]
+    return [text for _, text in text_lines(path)]
 
 
 class _CsvLines:
@@ -301,7 +301,7 @@ def read_jsonl(path: Path, notes: list[str] | None = None, split: str | None = N
     out: dict[str, list[Example]] = {}
     any_slots = False
     snapped: list = []
-    for i, line in _text_lines(path):
+    for i, line in text_lines(path):
         if not line.strip():
             continue
         row = _json(path, line, i)

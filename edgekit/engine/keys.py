@@ -33,9 +33,26 @@ def _vocab_corpus(ctx: Context) -> dict:
     return {"vocab_corpus": digest_files([Path(corpus)])} if corpus else {}
 
 
+def _assistant(ctx: Context) -> dict:
+    """distill.assistant: the teacher learns from distill.teacher (its key) with these settings; nothing when off,
+    so that the teacher's key is the one it had before the setting existed."""
+    d = ctx.settings.distill
+    if not (d.assistant and ctx.strong is not None):
+        return {}
+    names = ("assistant_epochs", "assistant_lr", "temperature", "alpha", "augment", "word_noise", "novel")
+    return {"assistant": {n: getattr(d, n) for n in names}, "strong_teacher": ctx.strong.key}
+
+
+def _unlabelled(ctx: Context) -> dict:
+    path = ctx.settings.distill.unlabelled  # the file's content, not only its path
+    return {"unlabelled": digest_files([Path(path)])} if path else {}
+
+
 # A spec's build facts (StageSpec.facts) -> what they add to its key.
 FACTS = {
     "vocab_corpus": _vocab_corpus,
+    "assistant": _assistant,
+    "unlabelled": _unlabelled,
     "toolchain": lambda ctx: {"toolchain": toolchain()},
     "runtimes": lambda ctx: {"runtimes": ctx.target.runtimes, "primary": ctx.target.primary_runtime,
                              "buckets": ctx.length_stats["buckets"]},

@@ -33,7 +33,8 @@ class StageSpec:
     # Build facts in its key besides the common ones (edgekit.engine.keys.FACTS): "vocab_corpus" (the file's
     # content), "toolchain" (library versions), "runtimes" (the target's runtimes and buckets), "bench" (threads
     # and profile name: the manifest names the profile and latency is measured on its threads), "strong_teacher"
-    # (distill.teacher's key), "schema" (the package schema version: what the exported graph answers)
+    # (distill.teacher's key), "assistant" (distill.assistant's settings and teacher, when on), "unlabelled" (the
+    # file's content), "schema" (the package schema version: what the exported graph answers)
     facts: tuple[str, ...] = ()
 
     @property
@@ -46,7 +47,7 @@ class StageSpec:
 ONNX_ONLY = ("method", "percentile", "onnx_weight_only")
 _EXPORT_FACTS = ("toolchain", "runtimes", "schema")
 SPECS: tuple[StageSpec, ...] = (
-    StageSpec("teacher", {"teacher": "*"}, "TeacherResult", makes_model=True),
+    StageSpec("teacher", {"teacher": "*"}, "TeacherResult", makes_model=True, facts=("assistant",)),
     StageSpec("trim_vocab", {"compress": ("vocab_budget", "vocab_corpus", "base_words", "embedding_rank",
                                           "max_retries"), "budget": "*"}, "TrimResult", makes_model=True,
               facts=("vocab_corpus",)),
@@ -55,7 +56,7 @@ SPECS: tuple[StageSpec, ...] = (
     StageSpec("distill", {"compress": ("param_share", "total_share", "max_param_share", "max_total_share",
                                        "prune_layers", "prune_samples", "max_retries"),
                           "distill": AllBut(("teacher",)), "budget": "*"}, "DistillResult", makes_model=True,
-              facts=("strong_teacher",)),  # distill.teacher enters as that teacher's own key
+              facts=("strong_teacher", "unlabelled")),  # distill.teacher enters as that teacher's own key
     StageSpec("quantize", {"quantize": AllBut(ONNX_ONLY)}, "QuantizeResult", makes_model=True, int8=True,
               facts=("toolchain",)),
     # export and package score and describe the graph as the package's sessions run it: [fuse] says which

@@ -220,3 +220,32 @@ def test_distill_with_relations_alone_from_a_wider_teacher():
     assert rec.extra["curve"][-1]["train_loss"] < rec.extra["curve"][0]["train_loss"]
     with pytest.raises(ValueError):
         DistillConfig(relation_weight=-1.0)
+
+
+def test_unlabelled_utterances_have_no_gold_labels_only_the_teachers():
+    """Unlabelled utterances join the pool with no hard target: with alpha 0 (gold labels alone) they teach nothing
+    and the student stays as it was; with alpha 1 the teacher's outputs on them move it."""
+    data, tok, teacher, student = teacher_and_student()
+    unlabelled = [type(ex)(ex.words, None) for ex in data.splits["dev"]]  # words only
+    inputs = DistillInputs(teacher=teacher, teacher_tokenizer=tok, student_tokenizer=tok, train=[],
+                           dev=data.splits["dev"][:20], labels=labels_of(data), max_len=32, unlabelled=unlabelled)
+    before = copy.deepcopy(student.state_dict())
+
+    def run(alpha):
+        res = distill(copy.deepcopy(student), inputs, DistillConfig(epochs=1, lr=3e-3, augment=0.0, novel=0.0,
+                                                                    alpha=alpha, weight_decay=0.0))
+        moved = max((res.model.state_dict()[k] - v).abs().max().item() for k, v in before.items())
+        return moved, res.record
+
+    moved, rec = run(0.0)
+    assert moved == 0.0 and rec.extra["unlabelled"] == len(unlabelled) > 20 and rec.extra["augmented"] == 0
+    assert run(1.0)[0] > 1e-4
+
+
+def test_assistant_and_unlabelled_settings_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="assistant needs a teacher"):
+        DistillConfig(assistant=True)
+    with pytest.raises(ValueError, match="unlabelled: file not found"):
+        DistillConfig(unlabelled=str(tmp_path / "none.txt"))
+    with pytest.raises(ValueError, match="assistant_epochs"):
+        DistillConfig(teacher="mpnet", assistant=True, assistant_epochs=0)

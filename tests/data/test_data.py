@@ -372,3 +372,20 @@ def test_scoring_a_package_holds_out_what_its_build_held_out(tmp_path):
     assert build_seed(pkg) is None
     assert {ex.text for ex in load_dataset(DEMO, seed=None).splits["test"]} == {
         ex.text for ex in load_dataset(DEMO).splits["test"]}
+
+
+def test_unlabelled_utterances_are_read_one_a_line(tmp_path):
+    from edgekit.data.dataset import read_utterances
+
+    f = tmp_path / "logs.txt"
+    f.write_bytes(b"\xef\xbb\xbfplay  some jazz\r\n\n   \nwhat is the weather\nbook a table\n")
+    got = read_utterances(f)
+    assert [ex.words for ex in got] == [["play", "some", "jazz"], ["what", "is", "the", "weather"], ["book", "a", "table"]]
+    assert all(ex.intent is None and ex.tags is None for ex in got)
+    assert len(read_utterances(f, limit=2)) == 2
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    with pytest.raises(DataError, match="holds no utterance"):
+        read_utterances(tmp_path / "blank.txt")
+    (tmp_path / "bad.txt").write_bytes(b"fine\nbad \xff byte\n")
+    with pytest.raises(DataError, match=r"bad.txt:2: not valid UTF-8"):
+        read_utterances(tmp_path / "bad.txt")

@@ -86,3 +86,28 @@ def test_an_unknown_distill_teacher_is_one_line_before_any_work(tmp_path, tiny_b
         build(BuildConfig(data=str(DEMO), out=str(tmp_path / "o"), base_model=str(tiny_bert), target="web",
                           sets=["distill.teacher=nosuch"]))
     assert not (tmp_path / "o" / "report.json").exists()
+
+
+def test_a_teacher_assistant_learns_from_the_strong_teacher_and_teaches_the_student(tmp_path, tiny_bert, mpnet):
+    """distill.assistant: the build's own teacher, fine-tuned as it would be alone (its own cache entry), learns from
+    the MPNet teacher; the student is pruned from it and learns from it, with unlabelled utterances beside."""
+    (tmp_path / "phone.toml").write_text(PHONE)
+    logs = tmp_path / "logs.txt"
+    logs.write_text("play some jazz\n\nwhat is the weather in paris\n")
+    base = dict(data=str(DEMO), base_model=str(tiny_bert), target=str(tmp_path / "phone.toml"), settings=FAST)
+    plain = prepare(BuildConfig(out=str(tmp_path / "p"), **base))
+    plain_key = key_of(plain, "teacher", plain.input_digest)
+    rows = []
+    sets = [f'distill.teacher="{mpnet}"', "distill.assistant=true", "distill.assistant_epochs=1",
+            f'distill.unlabelled="{logs}"']
+    rep = build(BuildConfig(out=str(tmp_path / "o"), sets=sets, **base),
+                on_stage=lambda name, row: rows.append((name, row)))
+    keys = dict((name, row["key"]) for name, row in rows)
+    a = passes(rep)["teacher"]["extra"]["assistant"]
+    assert a["taught_by"]["key"] == keys[f"teacher {mpnet}"] and a["fine_tuned"]["key"] == plain_key[:12]
+    assert keys["teacher"] != plain_key[:12] and a["epochs"] == 1 and a["hidden_weight"] == 0.0
+    d = passes(rep)["distill"]["extra"]
+    assert "teacher" not in d and d["hidden_projection"] is None and d["unlabelled"] == 2  # taught by the assistant
+    # the fine-tuned teacher the assistant started from is the plain build's: reused, not trained again
+    alone = build(BuildConfig(out=str(tmp_path / "p"), **base))
+    assert alone["stages"][0]["reused"] and passes(alone)["teacher"]["extra"].get("assistant") is None

@@ -12,9 +12,11 @@ import hashlib
 import logging
 import shutil
 import time
+from pathlib import Path
 
 from edgekit.converters.distill import DistillInputs, distill, pack_targets, uniform_layers, unpack_targets
-from edgekit.engine.cache import stage_key
+from edgekit.data.dataset import read_utterances
+from edgekit.engine.cache import digest_files, stage_key
 from edgekit.engine.context import Context
 from edgekit.engine.gating import Try, back_off
 from edgekit.engine.measure import measure
@@ -32,15 +34,17 @@ def _memo(ctx: Context, layer_map: list[int] | None, info: dict):
     on the teacher, the utterances (the data, the augmentation settings, --seed, the student's vocabulary, which
     picks the novel words), the matched layers and the sequence length. None without distill.teacher: the build's
     own teacher labels them in a few minutes."""
-    if ctx.strong is None:
+    if taught_by(ctx) is not ctx.strong:
         return None
     from safetensors.torch import load_file, save_file
 
     d = ctx.settings.distill
     vocab = hashlib.sha256(ctx.tokenizer.sp.serialized_model_proto()).hexdigest()
-    key = stage_key("teacher_targets", {"augment": d.augment, "novel": d.novel, "word_noise": d.word_noise,
-                                        "seed": ctx.cfg.seed, "layer_map": layer_map, "max_len": ctx.max_len,
-                                        "student_vocab": vocab}, ctx.strong.key)
+    pool = {"augment": d.augment, "novel": d.novel, "word_noise": d.word_noise, "seed": ctx.cfg.seed,
+            "layer_map": layer_map, "max_len": ctx.max_len, "student_vocab": vocab}
+    if d.unlabelled:
+        pool["unlabelled"] = digest_files([Path(d.unlabelled)])
+    key = stage_key("teacher_targets", pool, ctx.strong.key)
     info.update(targets_key=key[:12], targets_reused=False)
 
     def memo(compute):
@@ -61,6 +65,11 @@ def _memo(ctx: Context, layer_map: list[int] | None, info: dict):
     return memo
 
 
+def taught_by(ctx: Context):
+    """The student's teacher: distill.teacher's, unless it taught the build's own teacher (distill.assistant)."""
+    return ctx.strong if ctx.strong is not None and not ctx.settings.distill.assistant else ctx.teacher
+
+
 def _try(ctx: Context, attempt: int, target: int) -> tuple:
     """One try: prune to `target` (the prune stage's own student on the first try), then distil. Cached."""
     c = ctx.settings.compress
@@ -68,10 +77,15 @@ def _try(ctx: Context, attempt: int, target: int) -> tuple:
     d = dataclasses.asdict(ctx.settings.distill)
     # relations off: each try's key is the one it had before the setting existed (the same student comes out; the
     # stage's own key, which reads every [distill] setting, does change: the stage re-runs once, its tries cached)
-    off = {"teacher"} | ({"relation_weight", "relation_heads"} if not d["relation_weight"] else set())
+    # (the assistant's settings reach it through its input: the teacher it was pruned from)
+    off = {"teacher", "assistant", "assistant_epochs", "assistant_lr", "unlabelled"} | (
+        {"relation_weight", "relation_heads"} if not d["relation_weight"] else set())
     settings = {"distill": {k: v for k, v in d.items() if k not in off}, "target": target,
                 "prune_layers": c.prune_layers, "prune_samples": c.prune_samples}
-    if ctx.strong is not None:  # distill.teacher: by its own key (its recipe, base model and data), not its name
+    if d["unlabelled"]:  # its content, not its path
+        settings["unlabelled"] = digest_files([Path(d["unlabelled"])])
+    teacher = taught_by(ctx)
+    if teacher is ctx.strong:  # distill.teacher: by its own key (its recipe, base model and data), not its name
         settings["teacher_key"] = ctx.strong.key
     key = stage_key("distill_try", settings,
                     ctx.input_key if ctx.prune is None else (ctx.prune.out_key or ctx.prune.key))
@@ -91,17 +105,18 @@ def _try(ctx: Context, attempt: int, target: int) -> tuple:
         student, kept, prune_rec = pr.model, pr.record.extra["kept_layers"], pr.record.to_dict()
     # Each student layer matches the teacher layer it was pruned from (state index = layer + 1); a teacher of
     # another depth (distill.teacher) is matched evenly.
-    teacher = ctx.strong or ctx.teacher
-    if ctx.strong is not None:
+    strong = teacher is ctx.strong
+    if strong:
         layer_map = uniform_layers(teacher.model.cfg.layers, student.cfg.layers)
     else:
         layer_map = [k + 1 for k in kept] if kept is not None else None
-    info = {"base": ctx.settings.distill.teacher, "key": teacher.key[:12], "dev": teacher.dev} if ctx.strong else {}
+    info = {"base": ctx.settings.distill.teacher, "key": teacher.key[:12], "dev": teacher.dev} if strong else {}
+    unlabelled = read_utterances(Path(d["unlabelled"])) if d["unlabelled"] else []
     inputs = DistillInputs(teacher=teacher.model, teacher_tokenizer=teacher.tokenizer,
                            student_tokenizer=ctx.tokenizer, train=ctx.data.splits["train"],
                            dev=ctx.data.splits["dev"], labels=ctx.labels, max_len=ctx.max_len, layer_map=layer_map,
                            evaluate=lambda m: measure(ctx, m, ctx.tokenizer, "dev"),  # epochs chosen as shipped
-                           pool_seed=ctx.cfg.seed if ctx.strong is not None else None,
+                           pool_seed=ctx.cfg.seed if strong else None, unlabelled=unlabelled,
                            memo=_memo(ctx, layer_map if d["hidden_weight"] or d["relation_weight"] else None, info))
     res = distill(copy.deepcopy(student), inputs, ctx.settings.distill)
     if info:
