@@ -52,8 +52,8 @@ def bio_tables(tags: list[str], allowed: list[set[str] | None] | None = None, o:
     where position i may precede position j, else NEG. zero (1, 1): back-tracking starts at a virtual O after the
     last word. down, up (1, 1, P): 0..P-1 and P..2P-1, and zero3 (1, 1, 1), for the pointer-table back-tracking.
     With `transitions` (converters/transitions.py, score vectors over tag ids), per row: unary (R, 1, L), start
-    (R, 1, P) (first halves), cont (R, 1, L): the moves into I-x from B-x (first P) and from I-x (last P); and
-    second (L, 1, 1), 1.0 on the second halves.
+    (R, 1, P) (first halves), cont (R, 1, L): the moves into I-x from B-x (first P) and from I-x (last P), with
+    from_b folded into the unary (so cont's first P are 0); and second (L, 1, 1), 1.0 on the second halves.
     """
     index = {t: k for k, t in enumerate(tags)}
     o_id = index.get(o, 0)
@@ -80,10 +80,14 @@ def bio_tables(tags: list[str], allowed: list[set[str] | None] | None = None, o:
         fill.append([NEG if k is None else 0.0 for k in layout])
         if transitions:
             at = lambda vec, ks: [0.0 if k is None else vec[k] for k in ks]  # noqa: E731 (dummies: 0)
-            scored["unary"].append(at(transitions["unary"], layout))
-            scored["start"].append(at(transitions["start"], [p[0] for p in pairs]))
-            scored["cont"].append(at(transitions["from_b"], [p[1] for p in pairs])
-                                  + at(transitions["from_i"], [p[1] for p in pairs]))
+            # B-x -> I-x's score is folded into I-x's unary, and I-x -> I-x's becomes the difference: every I-x
+            # follows its B-x or itself, so each path scores the same, and the step saves an add
+            firsts, seconds = [p[0] for p in pairs], [p[1] for p in pairs]
+            from_b, from_i = at(transitions["from_b"], seconds), at(transitions["from_i"], seconds)
+            scored["unary"].append(at(transitions["unary"], firsts)
+                                   + [u + b for u, b in zip(at(transitions["unary"], seconds), from_b)])
+            scored["start"].append(at(transitions["start"], firsts))
+            scored["cont"].append([0.0] * P + [i - b for i, b in zip(from_i, from_b)])
     # prev[j, i]: 0 if the tag at position i may precede the one at j, else NEG (only I-x has a constraint).
     prev = torch.zeros(2 * P, 2 * P)
     for x in range(P):
@@ -158,7 +162,7 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
 
     Unrolled over the fixed length as plain tensor ops, so it exports to any runtime. The cost is ExecuTorch
     portable-kernel calls (about 0.2 us each), so: the predicted intent's slot pairs only, a forward step of one
-    whole-tensor max, two adds and one maximum (two adds and a maximum more with learned transitions)."""
+    whole-tensor max, two adds and one maximum (an add and a maximum more with learned transitions)."""
     B, T, _ = emit.shape
     one = not batched and B == 1  # a dynamic batch axis must not be specialised to 1 by a Python branch
     W = word_pos.shape[1]  # T - 2: [CLS] and [SEP] leave at most T - 2 words
@@ -184,14 +188,14 @@ def viterbi(emit: torch.Tensor, word_pos: torch.Tensor, tables: dict[str, torch.
     first = halves[0] if learned is None else halves[0] + learned[1]
     p, alpha = first, [first, neg]  # word w: first half at 2w, I-x at 2w + 1; no sentence starts inside a slot
     if learned is not None:
-        from_b, from_i = learned[2].split(P, -1)  # (B, 1, P): the moves into each pair's I-x
+        from_i = learned[2].split(P, -1)[1]  # (B, 1, P): I-x -> I-x less B-x -> I-x (that one is in the unary)
     for w in range(1, W):
         # the best path so far, which any non-I tag follows
         m = p.max() if one else _max(p) if batched else p.amax(-1, keepdim=True)
         if learned is None:  # I-x continues the best of its own pair
             a1, a2 = m + halves[2 * w], p + halves[2 * w + 1]
         else:
-            a1, a2 = m + halves[2 * w], torch.maximum(alpha[-2] + from_b, alpha[-1] + from_i) + halves[2 * w + 1]
+            a1, a2 = m + halves[2 * w], torch.maximum(alpha[-2], alpha[-1] + from_i) + halves[2 * w + 1]
         p = torch.maximum(a1, a2)  # (B, 1, P)
         alpha += [a1, a2]
     scores = torch.cat(alpha, 1).reshape(B, W, L)  # best score of a path ending in each tag at each word

@@ -153,6 +153,13 @@ def _compression(rep: dict) -> list[str]:
                      + (", slot head on the mean of each word's pieces" if d.get("word_pool") else "") + "; "
                      f"accuracy budget against the teacher on dev: {rep.get('budget', {})}.")
         lines.append("")
+    a = (teacher or {}).get("extra", {}).get("assistant")
+    if a:  # distill.assistant: the build's teacher learned from distill.teacher first
+        f, t = a["fine_tuned"], a["taught_by"]
+        lines.append(f"- **teacher assistant**: the fine-tuned teacher ({f['key']}: test intent "
+                     f"{_pct(f['test']['intent_acc'])}%, slot F1 {_pct(f['test'].get('slot_f1'))}) distilled from "
+                     f"`{t['base']}` ({t['key']}) for {a['epochs']} epochs at lr {a['lr']}, on {a['augmented']:,} "
+                     f"extra utterances; the student is pruned from it and learns from it.")
     if "trim_vocab" in passes:
         e = passes["trim_vocab"]["extra"]
         # vocab_task counts the base words too when they are kept
@@ -187,6 +194,9 @@ def _compression(rep: dict) -> list[str]:
                      f"{_pct(e['share_of_teacher_total'])}%"
                      + (f" ({passes['distill']['params_after']:,} of {teacher['params_after']:,})" if teacher else "")
                      + ".")
+        if e.get("unlabelled"):
+            lines.append(f"- {e['unlabelled']:,} unlabelled utterances (`distill.unlabelled`), labelled by the "
+                         "teacher, beside the augmented ones.")
         if e.get("teacher"):  # distill.teacher: another base model taught
             t = e["teacher"]
             lines.append(f"- taught by `{t['base']}` (teacher {t['key']}, dev intent {_pct(t['dev']['intent_acc'])}, "

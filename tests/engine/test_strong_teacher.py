@@ -108,6 +108,8 @@ def test_a_teacher_assistant_learns_from_the_strong_teacher_and_teaches_the_stud
     assert keys["teacher"] != plain_key[:12] and a["epochs"] == 1 and a["hidden_weight"] == 0.0
     d = passes(rep)["distill"]["extra"]
     assert "teacher" not in d and d["hidden_projection"] is None and d["unlabelled"] == 2  # taught by the assistant
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert f"**teacher assistant**: the fine-tuned teacher ({plain_key[:12]}" in md and "2 unlabelled utterances" in md
     # the fine-tuned teacher the assistant started from is the plain build's: reused, not trained again
     alone = build(BuildConfig(out=str(tmp_path / "p"), **base))
     assert alone["stages"][0]["reused"] and passes(alone)["teacher"]["extra"].get("assistant") is None
