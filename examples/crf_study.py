@@ -22,24 +22,14 @@ NEG = -1e4
 
 
 def emissions(ctx, model, tokenizer, examples) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Intent logits (N, I) and, per example, (W, S) slot log-probabilities at each word's first piece."""
-    from edgekit.modeling.training import collate, featurize
+    """Intent logits (N, I) and, per example, (W, S) slot log-probabilities at each word's first piece (the
+    outputs distillation reads from a teacher)."""
+    from edgekit.converters.distill import teacher_targets
+    from edgekit.modeling.training import featurize
 
-    feats = featurize(examples, tokenizer, ctx.labels, ctx.max_len)
-    model.eval()
-    intents, words = torch.zeros(len(examples), len(ctx.data.intents)), [None] * len(examples)
-    order = sorted(range(len(examples)), key=lambda i: len(feats.ids[i]))
-    with torch.no_grad():
-        for s in range(0, len(order), 128):
-            idx = order[s:s + 128]
-            ids, mask, _, _ = collate(feats, idx, tokenizer.pad_id)
-            out = model(ids, mask)
-            intents[idx] = out[0][:, : intents.shape[1]].float()
-            logp = out[1].float().log_softmax(-1)  # (B, T, S)
-            for b, i in enumerate(idx):
-                pos = [p for p, w in enumerate(feats.encodings[i].word_index) if w >= 0]
-                words[i] = logp[b, pos]
-    return intents, words
+    intents, words, _ = teacher_targets(model, featurize(examples, tokenizer, ctx.labels, ctx.max_len),
+                                        tokenizer.pad_id)
+    return intents[:, : len(ctx.data.intents)].float(), [w.float().log_softmax(-1) for w in words]
 
 
 def structure(tags: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
