@@ -51,6 +51,7 @@ class Context:
     # trained or reused before the first stage
     strong: TeacherResult | None = None
     strong_ctx: "Context | None" = None
+    fine_tuned: TeacherResult | None = None  # distill.assistant: the teacher it starts from (runner.fine_tuned_teacher)
     trim_vocab: TrimResult | None = None
     prune: PruneResult | None = None
     distill: DistillResult | None = None

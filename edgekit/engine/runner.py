@@ -120,6 +120,14 @@ def strong_teacher(sub: Context, on_stage=None) -> TeacherResult:
     return res
 
 
+def fine_tuned_teacher(ctx: Context) -> TeacherResult:
+    """distill.assistant's starting point: the teacher this build fine-tunes without it (its own cache key, so a
+    build without the assistant reuses it), reused from the cache, or trained and stored."""
+    d = dataclasses.replace(ctx.settings.distill, assistant=False)
+    sub = dataclasses.replace(ctx, settings=dataclasses.replace(ctx.settings, distill=d))
+    return run_stage(sub, "teacher", key_of(sub, "teacher", ctx.input_digest), ctx.input_digest)
+
+
 def run_stage(ctx: Context, name: str, key: str, input_key: str) -> StageResult:
     """Reuse the stage's cache entry, or run it and store its result."""
     from edgekit.engine.stages.common import seed_everything
@@ -178,6 +186,9 @@ def _run(ctx: Context, on_stage) -> dict:
     set_threads(ctx.target.bench_threads)
     if ctx.strong_ctx is not None:
         ctx.strong = strong_teacher(ctx.strong_ctx, on_stage)
+        if ctx.settings.distill.assistant and "teacher" in ctx.stages and \
+                ctx.cache.get("teacher", key_of(ctx, "teacher", ctx.input_digest)) is None:  # the assistant to make
+            ctx.fine_tuned = fine_tuned_teacher(ctx)
     out_key = ctx.input_digest  # what the next stage's key builds on: the previous stage's output
     for name in ctx.stages:
         t0 = time.perf_counter()

@@ -7,7 +7,6 @@ distillation, and that teacher assistant is the stage's output: the student is p
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 
 from edgekit.engine.context import Context
@@ -20,7 +19,7 @@ from edgekit.record import PassRecord
 
 
 def run(ctx: Context) -> TeacherResult:
-    if ctx.settings.distill.assistant and ctx.strong is not None:
+    if ctx.fine_tuned is not None:
         model, rec = _assistant(ctx)
     else:
         model = load_pretrained(ctx.base_model, len(ctx.data.intents), len(ctx.data.slot_tags))
@@ -40,23 +39,13 @@ def run(ctx: Context) -> TeacherResult:
     return res
 
 
-def _plain(ctx: Context) -> TeacherResult:
-    """The teacher this build would fine-tune without the assistant: reused from the cache, or trained and stored."""
-    from edgekit.engine.keys import key_of
-    from edgekit.engine.runner import run_stage
-
-    d = dataclasses.replace(ctx.settings.distill, assistant=False)
-    sub = dataclasses.replace(ctx, settings=dataclasses.replace(ctx.settings, distill=d), work=None)
-    return run_stage(sub, "teacher", key_of(sub, "teacher", ctx.input_digest), ctx.input_digest)
-
-
 def _assistant(ctx: Context) -> tuple:
     """The fine-tuned teacher, distilled from distill.teacher: its logits on the augmented utterances (no hidden
     states: the assistant keeps its full width), at a fine-tuning rate. Returns the model and the stage's record."""
     from edgekit.converters.distill import DistillConfig, DistillInputs, distill
 
     t0 = time.perf_counter()
-    plain, d, t = _plain(ctx), ctx.settings.distill, ctx.settings.teacher
+    plain, d, t = ctx.fine_tuned, ctx.settings.distill, ctx.settings.teacher
     cfg = DistillConfig(temperature=d.temperature, alpha=d.alpha, hidden_weight=0.0, augment=d.augment,
                         word_noise=d.word_noise, novel=d.novel, epochs=d.assistant_epochs, batch_size=t.batch_size,
                         lr=d.assistant_lr, seed=ctx.cfg.seed, steps_limit=t.steps_limit, bf16=t.bf16)
