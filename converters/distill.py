@@ -99,6 +99,7 @@ class DistillConfig:
     # A text file of unlabelled utterances, one a line (an app's logs, say): the teacher labels them and they join
     # the augmented utterances, so the student meets words and pieces beyond the task's. None: off.
     unlabelled: str | None = None
+    unlabelled_max: int = 20000  # at most this many of its lines, the first ones (each one is labelled and trained on)
 
     def __post_init__(self):
         if not 0 < self.temperature < math.inf:
@@ -129,6 +130,8 @@ class DistillConfig:
             raise ValueError(f"assistant_epochs must be >= 1, got {self.assistant_epochs}")
         if not 0 < self.assistant_lr < 1:
             raise ValueError(f"assistant_lr must be in (0, 1), got {self.assistant_lr}")
+        if self.unlabelled_max < 1:
+            raise ValueError(f"unlabelled_max must be >= 1, got {self.unlabelled_max}")
         if self.unlabelled is not None and not Path(self.unlabelled).is_file():
             raise ValueError(f"unlabelled: file not found: {self.unlabelled}")
 

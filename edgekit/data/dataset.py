@@ -33,7 +33,7 @@ from edgekit.errors import DataError, EdgekitError
 log = logging.getLogger("edgekit")
 # Re-exported: callers read datasets through this module.
 __all__ = ["FORMATS", "SPLITS", "Dataset", "Example", "build_seed", "check_trainable", "detect_format", "load_dataset",
-           "package_split", "read_splits", "read_utterances", "stratified_split"]
+           "package_split", "read_splits", "read_utterances", "stratified_split", "unlabelled_pool"]
 OOS_LABELS = ("oos", "out_of_scope")
 FORMATS = ("jointbert", "clinc", "csv", "jsonl", "split-files")
 SPLIT_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -262,3 +262,13 @@ def read_utterances(path: Path, limit: int | None = None) -> list[Example]:
     if not out:
         raise DataError(Path(path), None, "holds no utterance (one a line)")
     return out
+
+
+def unlabelled_pool(path: Path, limit: int, data: Dataset) -> tuple[list[Example], int]:
+    """distill.unlabelled's utterances (at most `limit`), less those equal to a dev or test utterance (case and
+    spacing aside): the teacher's answers on the splits that score the build must not be trained on. Returns them
+    and how many were dropped."""
+    held_out = {" ".join(ex.words).lower() for s in ("dev", "test") for ex in data.splits.get(s, [])}
+    got = read_utterances(path, limit)
+    kept = [ex for ex in got if " ".join(ex.words).lower() not in held_out]
+    return kept, len(got) - len(kept)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from edgekit.data.dataset import Dataset
 from edgekit.engine.cache import StageCache
@@ -51,7 +52,10 @@ class Context:
     # trained or reused before the first stage
     strong: TeacherResult | None = None
     strong_ctx: "Context | None" = None
-    fine_tuned: TeacherResult | None = None  # distill.assistant: the teacher it starts from (runner.fine_tuned_teacher)
+    # distill.assistant: the teacher it starts from (runner.fine_tuned_teacher), made or reused when called
+    fine_tuned: "Callable[[], TeacherResult] | None" = None
+    unlabelled: list = field(default_factory=list)  # distill.unlabelled's utterances, read and checked by prepare
+    unlabelled_dropped: int = 0  # of its lines, those equal to a dev or test utterance
     trim_vocab: TrimResult | None = None
     prune: PruneResult | None = None
     distill: DistillResult | None = None

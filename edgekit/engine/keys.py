@@ -44,8 +44,8 @@ def _assistant(ctx: Context) -> dict:
 
 
 def _unlabelled(ctx: Context) -> dict:
-    path = ctx.settings.distill.unlabelled  # the file's content, not only its path
-    return {"unlabelled": digest_files([Path(path)])} if path else {}
+    d = ctx.settings.distill  # the file's content, not only its path
+    return {"unlabelled": [digest_files([Path(d.unlabelled)]), d.unlabelled_max]} if d.unlabelled else {}
 
 
 # A spec's build facts (StageSpec.facts) -> what they add to its key.

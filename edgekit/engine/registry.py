@@ -55,8 +55,11 @@ SPECS: tuple[StageSpec, ...] = (
               makes_model=True),
     StageSpec("distill", {"compress": ("param_share", "total_share", "max_param_share", "max_total_share",
                                        "prune_layers", "prune_samples", "max_retries"),
-                          "distill": AllBut(("teacher",)), "budget": "*"}, "DistillResult", makes_model=True,
-              facts=("strong_teacher", "unlabelled")),  # distill.teacher enters as that teacher's own key
+                          "distill": AllBut(("teacher", "assistant", "assistant_epochs", "assistant_lr", "unlabelled",
+                                             "unlabelled_max")), "budget": "*"}, "DistillResult", makes_model=True,
+              # distill.teacher enters as that teacher's own key, unlabelled as its file's content, the assistant
+              # through the teacher stage's key (the input)
+              facts=("strong_teacher", "unlabelled")),
     StageSpec("quantize", {"quantize": AllBut(ONNX_ONLY)}, "QuantizeResult", makes_model=True, int8=True,
               facts=("toolchain",)),
     # export and package score and describe the graph as the package's sessions run it: [fuse] says which

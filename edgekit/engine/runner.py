@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgekit.data.dataset import check_trainable, load_dataset
+from edgekit.data.dataset import check_trainable, load_dataset, unlabelled_pool
 from edgekit.engine import registry
 from edgekit.engine.cache import StageCache, default_dir
 from edgekit.engine.config import BuildConfig, resolve
@@ -90,6 +90,12 @@ def prepare(cfg: BuildConfig) -> Context:
     digest = input_digest(cfg.data, cfg.out, base, sp)
     ctx = Context(cfg, settings, target, data, Path(cfg.out), max_len, stats, tokenizer, rows, target.stages,
                   cache, digest, base_model=base)
+    d = settings.distill
+    if d.unlabelled and "distill" in ctx.stages:  # read now: a bad line is refused before any training
+        ctx.unlabelled, ctx.unlabelled_dropped = unlabelled_pool(Path(d.unlabelled), d.unlabelled_max, data)
+    if (d.assistant or d.unlabelled) and "distill" not in ctx.stages:
+        log.warning("distill.%s: the %s profile has no distill stage; the setting does nothing",
+                    "assistant" if d.assistant else "unlabelled", target.name)
     if settings.distill.teacher and "distill" in ctx.stages:  # its base model checked now, trained in _run
         name = settings.distill.teacher
         try:  # its own stages: no distill, so no teacher of its own to prepare (the stages are not in its key)
@@ -124,7 +130,7 @@ def fine_tuned_teacher(ctx: Context) -> TeacherResult:
     """distill.assistant's starting point: the teacher this build fine-tunes without it (its own cache key, so a
     build without the assistant reuses it), reused from the cache, or trained and stored."""
     d = dataclasses.replace(ctx.settings.distill, assistant=False)
-    sub = dataclasses.replace(ctx, settings=dataclasses.replace(ctx.settings, distill=d))
+    sub = dataclasses.replace(ctx, settings=dataclasses.replace(ctx.settings, distill=d), fine_tuned=None)
     return run_stage(sub, "teacher", key_of(sub, "teacher", ctx.input_digest), ctx.input_digest)
 
 
@@ -186,9 +192,8 @@ def _run(ctx: Context, on_stage) -> dict:
     set_threads(ctx.target.bench_threads)
     if ctx.strong_ctx is not None:
         ctx.strong = strong_teacher(ctx.strong_ctx, on_stage)
-        if ctx.settings.distill.assistant and "teacher" in ctx.stages and \
-                ctx.cache.get("teacher", key_of(ctx, "teacher", ctx.input_digest)) is None:  # the assistant to make
-            ctx.fine_tuned = fine_tuned_teacher(ctx)
+        if ctx.settings.distill.assistant and "teacher" in ctx.stages:  # the teacher stage calls it if it runs
+            ctx.fine_tuned = lambda: fine_tuned_teacher(ctx)
     out_key = ctx.input_digest  # what the next stage's key builds on: the previous stage's output
     for name in ctx.stages:
         t0 = time.perf_counter()

@@ -157,7 +157,7 @@ def _compression(rep: dict) -> list[str]:
     if a:  # distill.assistant: the build's teacher learned from distill.teacher first
         f, t = a["fine_tuned"], a["taught_by"]
         lines.append(f"- **teacher assistant**: the fine-tuned teacher ({f['key']}: test intent "
-                     f"{_pct(f['test']['intent_acc'])}%, slot F1 {_pct(f['test'].get('slot_f1'))}) distilled from "
+                     f"{_pct(f['test']['intent_acc'])}%, slot F1 {_pct(f['test'].get('slot_f1'))}%) distilled from "
                      f"`{t['base']}` ({t['key']}) for {a['epochs']} epochs at lr {a['lr']}, on {a['augmented']:,} "
                      f"extra utterances; the student is pruned from it and learns from it.")
     if "trim_vocab" in passes:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from edgekit.converters.distill import uniform_layers
+from edgekit.data.dataset import load_dataset
 from edgekit.engine import BuildConfig, build
 from edgekit.engine.keys import key_of
 from edgekit.engine.runner import prepare
@@ -93,7 +94,8 @@ def test_a_teacher_assistant_learns_from_the_strong_teacher_and_teaches_the_stud
     the MPNet teacher; the student is pruned from it and learns from it, with unlabelled utterances beside."""
     (tmp_path / "phone.toml").write_text(PHONE)
     logs = tmp_path / "logs.txt"
-    logs.write_text("play some jazz\n\nwhat is the weather in paris\n")
+    dev = " ".join(load_dataset(DEMO).splits["dev"][0].words).upper()  # a dev utterance: dropped, never trained on
+    logs.write_text(f"play some jazz\n\nwhat is the weather in paris\n{dev}\n")
     base = dict(data=str(DEMO), base_model=str(tiny_bert), target=str(tmp_path / "phone.toml"), settings=FAST)
     plain = prepare(BuildConfig(out=str(tmp_path / "p"), **base))
     plain_key = key_of(plain, "teacher", plain.input_digest)
@@ -107,9 +109,19 @@ def test_a_teacher_assistant_learns_from_the_strong_teacher_and_teaches_the_stud
     assert a["taught_by"]["key"] == keys[f"teacher {mpnet}"] and a["fine_tuned"]["key"] == plain_key[:12]
     assert keys["teacher"] != plain_key[:12] and a["epochs"] == 1 and a["hidden_weight"] == 0.0
     d = passes(rep)["distill"]["extra"]
-    assert "teacher" not in d and d["hidden_projection"] is None and d["unlabelled"] == 2  # taught by the assistant
+    assert "teacher" not in d and d["hidden_projection"] is None  # taught by the assistant
+    assert d["unlabelled"] == 2 and d["unlabelled_dropped"] == 1
     md = (tmp_path / "o" / "report.md").read_text()
     assert f"**teacher assistant**: the fine-tuned teacher ({plain_key[:12]}" in md and "2 unlabelled utterances" in md
     # the fine-tuned teacher the assistant started from is the plain build's: reused, not trained again
     alone = build(BuildConfig(out=str(tmp_path / "p"), **base))
     assert alone["stages"][0]["reused"] and passes(alone)["teacher"]["extra"].get("assistant") is None
+
+
+def test_a_bad_unlabelled_file_is_refused_before_any_training(tmp_path, tiny_bert):
+    logs = tmp_path / "logs.txt"
+    logs.write_bytes(b"play some jazz\nbad \xff byte\n")
+    with pytest.raises(EdgekitError, match=r"logs.txt:2: not valid UTF-8"):
+        build(BuildConfig(data=str(DEMO), out=str(tmp_path / "o"), base_model=str(tiny_bert), target="web",
+                          sets=[f'distill.unlabelled="{logs}"']))
+    assert not (tmp_path / "o" / "report.json").exists()

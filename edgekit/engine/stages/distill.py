@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 from edgekit.converters.distill import DistillInputs, distill, pack_targets, uniform_layers, unpack_targets
-from edgekit.data.dataset import read_utterances
 from edgekit.engine.cache import digest_files, stage_key
 from edgekit.engine.context import Context
 from edgekit.engine.gating import Try, back_off
@@ -43,7 +42,7 @@ def _memo(ctx: Context, layer_map: list[int] | None, info: dict):
     pool = {"augment": d.augment, "novel": d.novel, "word_noise": d.word_noise, "seed": ctx.cfg.seed,
             "layer_map": layer_map, "max_len": ctx.max_len, "student_vocab": vocab}
     if d.unlabelled:
-        pool["unlabelled"] = digest_files([Path(d.unlabelled)])
+        pool["unlabelled"] = [digest_files([Path(d.unlabelled)]), d.unlabelled_max]
     key = stage_key("teacher_targets", pool, ctx.strong.key)
     info.update(targets_key=key[:12], targets_reused=False)
 
@@ -78,12 +77,12 @@ def _try(ctx: Context, attempt: int, target: int) -> tuple:
     # relations off: each try's key is the one it had before the setting existed (the same student comes out; the
     # stage's own key, which reads every [distill] setting, does change: the stage re-runs once, its tries cached)
     # (the assistant's settings reach it through its input: the teacher it was pruned from)
-    off = {"teacher", "assistant", "assistant_epochs", "assistant_lr", "unlabelled"} | (
+    off = {"teacher", "assistant", "assistant_epochs", "assistant_lr", "unlabelled", "unlabelled_max"} | (
         {"relation_weight", "relation_heads"} if not d["relation_weight"] else set())
     settings = {"distill": {k: v for k, v in d.items() if k not in off}, "target": target,
                 "prune_layers": c.prune_layers, "prune_samples": c.prune_samples}
     if d["unlabelled"]:  # its content, not its path
-        settings["unlabelled"] = digest_files([Path(d["unlabelled"])])
+        settings["unlabelled"] = [digest_files([Path(d["unlabelled"])]), d["unlabelled_max"]]
     teacher = taught_by(ctx)
     if teacher is ctx.strong:  # distill.teacher: by its own key (its recipe, base model and data), not its name
         settings["teacher_key"] = ctx.strong.key
@@ -111,16 +110,17 @@ def _try(ctx: Context, attempt: int, target: int) -> tuple:
     else:
         layer_map = [k + 1 for k in kept] if kept is not None else None
     info = {"base": ctx.settings.distill.teacher, "key": teacher.key[:12], "dev": teacher.dev} if strong else {}
-    unlabelled = read_utterances(Path(d["unlabelled"])) if d["unlabelled"] else []
     inputs = DistillInputs(teacher=teacher.model, teacher_tokenizer=teacher.tokenizer,
                            student_tokenizer=ctx.tokenizer, train=ctx.data.splits["train"],
                            dev=ctx.data.splits["dev"], labels=ctx.labels, max_len=ctx.max_len, layer_map=layer_map,
                            evaluate=lambda m: measure(ctx, m, ctx.tokenizer, "dev"),  # epochs chosen as shipped
-                           pool_seed=ctx.cfg.seed if strong else None, unlabelled=unlabelled,
+                           pool_seed=ctx.cfg.seed if strong else None, unlabelled=ctx.unlabelled,
                            memo=_memo(ctx, layer_map if d["hidden_weight"] or d["relation_weight"] else None, info))
     res = distill(copy.deepcopy(student), inputs, ctx.settings.distill)
     if info:
         res.record.extra["teacher"] = info
+    if ctx.unlabelled_dropped:
+        res.record.extra["unlabelled_dropped"] = ctx.unlabelled_dropped  # equal to a dev or test utterance
     dev = res.record.extra.pop("best_dev")  # dev metrics of the kept epoch, computed during distillation
     prune_info = {k: prune_rec["extra"][k] for k in ("target_params", "nonembedding_after", "kept_layers")} \
         if prune_rec else None

@@ -19,7 +19,7 @@ from edgekit.record import PassRecord
 
 
 def run(ctx: Context) -> TeacherResult:
-    if ctx.fine_tuned is not None:
+    if ctx.fine_tuned is not None:  # distill.assistant
         model, rec = _assistant(ctx)
     else:
         model = load_pretrained(ctx.base_model, len(ctx.data.intents), len(ctx.data.slot_tags))
@@ -45,7 +45,7 @@ def _assistant(ctx: Context) -> tuple:
     from edgekit.converters.distill import DistillConfig, DistillInputs, distill
 
     t0 = time.perf_counter()
-    plain, d, t = ctx.fine_tuned, ctx.settings.distill, ctx.settings.teacher
+    plain, d, t = ctx.fine_tuned(), ctx.settings.distill, ctx.settings.teacher
     cfg = DistillConfig(temperature=d.temperature, alpha=d.alpha, hidden_weight=0.0, augment=d.augment,
                         word_noise=d.word_noise, novel=d.novel, epochs=d.assistant_epochs, batch_size=t.batch_size,
                         lr=d.assistant_lr, seed=ctx.cfg.seed, steps_limit=t.steps_limit, bf16=t.bf16)
@@ -55,9 +55,8 @@ def _assistant(ctx: Context) -> tuple:
     res = distill(copy.deepcopy(plain.model), inputs, cfg)
     rec = PassRecord("teacher", params_after=count_params(res.model), bytes_after=param_bytes(res.model),
                      seconds=time.perf_counter() - t0)
-    extra = {k: v for k, v in res.record.extra.items() if k not in ("curve",)}
-    rec.extra["assistant"] = dict(extra, taught_by={"base": d.teacher, "key": ctx.strong.key[:12],
-                                                    "dev": ctx.strong.dev},
+    rec.extra["assistant"] = dict(res.record.extra, taught_by={"base": d.teacher, "key": ctx.strong.key[:12],
+                                                               "dev": ctx.strong.dev},
                                   fine_tuned={"key": plain.key[:12], "test": plain.record.get("metrics"),
-                                              "dev": plain.dev}, curve=res.record.extra.get("curve"))
+                                              "dev": plain.dev, "seconds": plain.record.get("seconds")})
     return res.model, rec
