@@ -26,9 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from edgekit.converters.decoding import NEG  # a blocked move
 from edgekit.record import PassRecord, PassResult
-
-NEG = -1e4  # as converters.decoding.NEG: a blocked move
 
 
 @dataclass
@@ -121,21 +120,13 @@ class FactoredCRF(torch.nn.Module):
 
 
 def word_logprobs(model, tokenizer, examples, labels: dict, max_len: int) -> list[torch.Tensor]:
-    """Per example, (W, S) the model's slot log-probabilities at each kept word's first piece."""
-    from edgekit.modeling.training import collate, featurize
+    """Per example, (W, S) the model's slot log-probabilities at each kept word's first piece (the per-word slot
+    scores distillation reads from a teacher)."""
+    from edgekit.converters.distill import teacher_targets
+    from edgekit.modeling.training import featurize
 
-    feats = featurize(examples, tokenizer, labels, max_len)
-    out = [None] * len(examples)
-    order = sorted(range(len(examples)), key=lambda i: len(feats.ids[i]))
-    model.eval()
-    with torch.no_grad():
-        for s in range(0, len(order), 128):
-            idx = order[s:s + 128]
-            ids, mask, _, _ = collate(feats, idx, tokenizer.pad_id)
-            logp = model(ids, mask)[1].float().log_softmax(-1)  # (B, T, S)
-            for b, i in enumerate(idx):
-                out[i] = logp[b, [p for p, w in enumerate(feats.encodings[i].word_index) if w >= 0]]
-    return out
+    _, words, _ = teacher_targets(model, featurize(examples, tokenizer, labels, max_len), tokenizer.pad_id)
+    return [w.float().log_softmax(-1) for w in words]
 
 
 def _valid(tags: list[str]) -> bool:

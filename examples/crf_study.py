@@ -18,8 +18,6 @@ import json
 
 import torch
 
-NEG = -1e4
-
 
 def emissions(ctx, model, tokenizer, examples) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Intent logits (N, I) and, per example, (W, S) slot log-probabilities at each word's first piece (the
@@ -33,16 +31,12 @@ def emissions(ctx, model, tokenizer, examples) -> tuple[torch.Tensor, list[torch
 
 
 def structure(tags: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(S, S) transition mask (0 allowed, NEG not: I-x only after B-x or I-x) and (S,) start mask (no I-x first)."""
-    S = len(tags)
-    trans, start = torch.zeros(S, S), torch.zeros(S)
-    for j, t in enumerate(tags):
-        if t.startswith("I-"):
-            start[j] = NEG
-            for i, u in enumerate(tags):
-                if u[2:] != t[2:] or u == "O":
-                    trans[i, j] = NEG
-    return trans, start
+    """(S, S) transition mask (0 allowed, NEG not: I-x only after B-x or I-x) and (S,) start mask (no I-x first),
+    as the package's graph and the transitions pass have them."""
+    from edgekit.converters.decoding import bio_transitions
+    from edgekit.converters.transitions import structure as bio_start
+
+    return bio_transitions(tags), bio_start(tags)[0]
 
 
 def padded(words: list[torch.Tensor], allow: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,12 +12,12 @@ import hashlib
 import logging
 import shutil
 import time
-from pathlib import Path
 
 from edgekit.converters.distill import DistillInputs, distill, pack_targets, uniform_layers, unpack_targets
-from edgekit.engine.cache import digest_files, stage_key
+from edgekit.engine.cache import stage_key
 from edgekit.engine.context import Context
 from edgekit.engine.gating import Try, back_off
+from edgekit.engine.keys import FACTS  # distill.unlabelled by its file's content
 from edgekit.engine.measure import measure
 from edgekit.engine.results import DistillResult, stage_row
 from edgekit.engine.stages.common import prune_to, seed_everything, target_params
@@ -40,9 +40,7 @@ def _memo(ctx: Context, layer_map: list[int] | None, info: dict):
     d = ctx.settings.distill
     vocab = hashlib.sha256(ctx.tokenizer.sp.serialized_model_proto()).hexdigest()
     pool = {"augment": d.augment, "novel": d.novel, "word_noise": d.word_noise, "seed": ctx.cfg.seed,
-            "layer_map": layer_map, "max_len": ctx.max_len, "student_vocab": vocab}
-    if d.unlabelled:
-        pool["unlabelled"] = [digest_files([Path(d.unlabelled)]), d.unlabelled_max]
+            "layer_map": layer_map, "max_len": ctx.max_len, "student_vocab": vocab} | FACTS["unlabelled"](ctx)
     key = stage_key("teacher_targets", pool, ctx.strong.key)
     info.update(targets_key=key[:12], targets_reused=False)
 
@@ -80,9 +78,7 @@ def _try(ctx: Context, attempt: int, target: int) -> tuple:
     off = {"teacher", "assistant", "assistant_epochs", "assistant_lr", "unlabelled", "unlabelled_max"} | (
         {"relation_weight", "relation_heads"} if not d["relation_weight"] else set())
     settings = {"distill": {k: v for k, v in d.items() if k not in off}, "target": target,
-                "prune_layers": c.prune_layers, "prune_samples": c.prune_samples}
-    if d["unlabelled"]:  # its content, not its path
-        settings["unlabelled"] = [digest_files([Path(d["unlabelled"])]), d["unlabelled_max"]]
+                "prune_layers": c.prune_layers, "prune_samples": c.prune_samples} | FACTS["unlabelled"](ctx)
     teacher = taught_by(ctx)
     if teacher is ctx.strong:  # distill.teacher: by its own key (its recipe, base model and data), not its name
         settings["teacher_key"] = ctx.strong.key
