@@ -294,18 +294,21 @@ def test_a_precision_that_loses_more_than_the_budget_ships_fp32(tmp_path):
     save_file(weights, str(base / "model.safetensors"))
     out = tmp_path / "out"
     build(BuildConfig(data=str(DEMO), out=str(out), base_model=str(base), target="server-cpu", stages=STAGES,
-                      settings={**SETTINGS, "server": {}}))  # server.max_loss_pts: the default, 1.0
+                      settings={**SETTINGS, "server": {}}))  # server.max_loss_pts: the default
     rep, fuse = fuse_record(out)
     tries = fuse["extra"]["tries"]
     # What INT8 loses depends on the CPU's kernels and the teacher the threads trained: on the AVX2 machine it lost
     # more than the budget on one thread and on two; on a Xeon with VNNI, 0.0 in one run and more in another. The
     # gate must follow the measured loss either way.
-    if max(tries[0]["drops"].values()) <= 1.0:
+    from edgekit.converters.optimize_onnx import ServerConfig
+
+    limit = ServerConfig().max_loss_pts
+    if max(tries[0]["drops"].values()) <= limit:
         assert [t["setting"] for t in tries] == ["precision int8"] and tries[0]["passed"], tries
         assert fuse["extra"]["onnx"]["precision"] == "int8"
         return
     assert [t["setting"] for t in tries] == ["precision int8", "precision fp32"], tries
-    assert not tries[0]["passed"] and max(tries[0]["drops"].values()) > 1.0 and tries[1]["passed"]
+    assert not tries[0]["passed"] and max(tries[0]["drops"].values()) > limit and tries[1]["passed"]
     assert tries[1]["drops"] == {"intent_drop_pts": 0.0, "slot_f1_drop_pts": 0.0}  # the optimizer alone is exact
     assert fuse["extra"]["onnx"]["precision"] == "fp32" and "int8" not in fuse["extra"]["onnx"]
     assert any("the package ships fp32" in w for w in fuse["warnings"]) and not rep["over_budget"]
