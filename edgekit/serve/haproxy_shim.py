@@ -11,6 +11,10 @@ told, then the real HAProxy (exec: the same pid, the same arguments).
    gave, `*` for 0.0.0.0.
 3. A request that no replica answered (HAProxy's own 502/503/504) gets a JSON body, as every other error of the
    server does, instead of Serve's text/plain "Internal Server Error".
+4. HAProxy waits for a request's whole body before it sends the request on (`option http-buffer-request`). Without
+   it, a request whose replica was SIGKILLed while it held it was at times not retried (its L7 retry needs the whole
+   request in HAProxy's buffer): a 502, or on a keep-alive connection a close with no answer, in about one kill in
+   two under load (docs/serving.md, "Faults").
 
 The config is rewritten in place, under the lock Serve writes it under (`<config>.lock`), so HAProxy's command line
 stays the one Serve recognises its workers by (`-f <config>` in /proc/PID/cmdline) on a reload. The rewrite is
@@ -31,6 +35,9 @@ PR_SET_PDEATHSIG = 1
 ALL_INTERFACES = re.compile(r"^(\s*bind\s+)(\*)?:(\d+)\b", re.MULTILINE)
 ERRORFILE = re.compile(r"^(\s*errorfile\s+)(50[234])\s+\S+", re.MULTILINE)
 ERROR_BODY = b'{"error": "no replica answered the request"}'
+# Serve's defaults section: the first `option` line gains one of ours after it
+DEFAULTS_OPTION = re.compile(r"^(defaults\n(?:[^\n]*\n)*?)(\s*)(option\s[^\n]*\n)", re.MULTILINE)
+BUFFER_REQUEST = "option http-buffer-request"
 PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")  # set by edgekit.serve.ray_env
 
 
@@ -42,7 +49,7 @@ def error_response(status: int) -> bytes:
 
 def rewrite(config: str, folder: str, ports: set[int]) -> str:
     """Serve's HAProxy config -> ours: the listeners on `ports` that bind every interface moved to loopback, the
-    errorfiles to JSON ones written in `folder`."""
+    errorfiles to JSON ones written in `folder`, and `option http-buffer-request` in its defaults."""
     def bind(m: re.Match) -> str:
         return f"{m.group(1)}127.0.0.1:{m.group(3)}" if int(m.group(3)) in ports else m.group(0)
 
@@ -53,7 +60,11 @@ def rewrite(config: str, folder: str, ports: set[int]) -> str:
         write(path, error_response(int(m.group(2))))
         return f"{m.group(1)}{m.group(2)} {path}"
 
-    return ERRORFILE.sub(errorfile, config)
+    config = ERRORFILE.sub(errorfile, config)
+    if BUFFER_REQUEST not in config:
+        config = DEFAULTS_OPTION.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3)}{m.group(2)}{BUFFER_REQUEST}\n",
+                                     config, count=1)
+    return config
 
 
 def write(path: str, data: bytes) -> None:

@@ -75,6 +75,9 @@ def test_rewrite_moves_the_stats_and_metrics_listeners_to_loopback_and_errors_to
         head, body = (tmp_path / f"edgekit-{status}.http").read_bytes().split(b"\r\n\r\n", 1)
         assert head.startswith(f"HTTP/1.1 {status} ".encode()) and b"application/json" in head
         assert json.loads(body)["error"] and f"Content-Length: {len(body)}".encode() in head
+    # a request's whole body before it goes on: what HAProxy's L7 retries need to resend it (docs/serving.md)
+    assert out.count("option http-buffer-request") == 1 and out.index("option http-buffer-request") < out.index(
+        "frontend")
     assert haproxy_shim.rewrite(out, str(tmp_path), {8404, 9101}) == out  # a reload rewrites it again: the same
     # --host 0.0.0.0: Serve writes `bind *:PORT` for the HTTP frontend, which must stay on every interface
     assert haproxy_shim.rewrite("    bind *:8000\n    bind *:8404\n", str(tmp_path), {8404, 9101}) == (
