@@ -8,13 +8,19 @@ accuracy loses at most `decoding.oos_max_drop_pts`, and the one with the higher 
 in-scope accuracy against out-of-scope recall on test is recorded with the chosen point. Without them, the
 energy threshold refuses `decoding.oos_far` of the in-scope dev utterances; 0 (the default) turns rejection
 off and out-of-scope recall is unknown.
+
+A server graph whose precision the fuse stage lowered scores differently from the eager model (all-mpnet-base-v2's
+INT8 energies sit lower on CLINC150), so `rethreshold` chooses its threshold again, the same way, on that graph's own
+dev scores.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -35,12 +41,18 @@ class Split:
     oos: np.ndarray
 
 
-def _split(ctx: Context, model, name: str) -> Split:
+def _examples(ctx: Context, name: str) -> tuple[list, np.ndarray, np.ndarray]:
+    """The utterances of a split the build may answer (its whitelist), their gold ids and out-of-scope flags."""
     data, allowed = ctx.data, ctx.cfg.intents
     index = {k: i for i, k in enumerate(data.intents)}
     exs = [ex for ex in data.splits[name] if allowed is None or ex.intent in allowed or ex.intent == data.oos_label]
-    return Split(intent_logits(ctx, model, exs), np.array([index.get(ex.intent, -1) for ex in exs]),
-                 np.array([ex.intent == data.oos_label for ex in exs], bool))
+    return exs, np.array([index.get(ex.intent, -1) for ex in exs]), np.array([ex.intent == data.oos_label
+                                                                               for ex in exs], bool)
+
+
+def _split(ctx: Context, model, name: str) -> Split:
+    exs, y, oos = _examples(ctx, name)
+    return Split(intent_logits(ctx, model, exs), y, oos)
 
 
 def _view(ctx: Context, d: Split, cfg, t: float):
@@ -152,3 +164,55 @@ def _transitions(ctx: Context, cfg):
     log.info("transitions: train NLL %.4f -> %.4f over %d utterances, %.1fs", rec.extra["train_nll_before"],
              rec.extra["train_nll_after"], rec.extra["utterances"], rec.seconds)
     return rec
+
+
+def rethreshold(ctx: Context, path: Path, decoding: dict) -> dict | None:
+    """The out-of-scope threshold of the ONNX decoding graph at `path` chosen again on that graph's own dev scores,
+    under the policy and score the export stage chose and the same budget (`decoding.oos_max_drop_pts`, or
+    `decoding.oos_far` without out-of-scope data), and written into the graph. For a graph whose precision the fuse
+    stage lowered, which moves its scores. Returns the record (threshold and dev figures before and after), or None
+    when the graph refuses nothing."""
+    from edgekit.converters.oos_threshold import set_threshold, with_score_output
+
+    old = decoding.get("threshold") or 0.0
+    if decoding.get("score", "confidence") == "confidence" and old == 0.0:  # rejection is off
+        return None
+    t0 = time.perf_counter()
+    exs, y, oos = _examples(ctx, "dev")
+    tapped = path.with_name("scored." + path.name)
+    with_score_output(path, tapped, old)
+    try:
+        pred, s = _graph_scores(ctx, tapped, exs)
+    finally:
+        tapped.unlink(missing_ok=True)
+    ok, refused = (pred == y) & ~oos, (pred == decoding["oos_id"]) if ctx.data.oos_label else np.zeros(len(y), bool)
+    d = ctx.settings.decoding
+    if oos.any():
+        new, _ = cal.best_threshold(s, ok, refused, oos, d.oos_max_drop_pts / 100)
+        new = float(np.finfo(s.dtype).min) if new is None else new  # no threshold helps: the oos class alone refuses
+    else:
+        new = cal.threshold_for_rate(s, d.oos_far)
+    before, after = (cal.operating_point(s, ok, refused, oos, t) for t in (old, new))
+    set_threshold(path, old, new)
+    log.info("out-of-scope threshold on the shipped graph's dev %s: %.4f -> %.4f; dev in-scope %.4f -> %.4f, "
+             "refused in scope %.4f -> %.4f", decoding["score"], old, new, before["in_scope_acc"],
+             after["in_scope_acc"], before["refused_in_scope"], after["refused_in_scope"])
+    return {"score": decoding["score"], "before": old, "after": new, "dev_before": before, "dev_after": after,
+            "utterances": len(y), "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _graph_scores(ctx: Context, path: Path, exs: list) -> tuple[np.ndarray, np.ndarray]:
+    """(intent ids before rejection (N,), the scores the threshold compares (N,)) of the tapped graph at `path`
+    (converters/oos_threshold.py), run as the package's sessions run it, 64 utterances a call on a batched graph."""
+    from edgekit.runtime.backends import OnnxBackend
+    from edgekit.runtime.interface import model_inputs, stack
+
+    server = ctx.settings.server
+    backend = OnnxBackend(path, dynamic_seq=server.seq == "dynamic",
+                          disabled_optimizers=ctx.settings.fuse.disabled_optimizers)
+    rows = [model_inputs(ctx.tokenizer.encode(ex.text, ctx.max_len), len(ctx.data.intents), True, reject=False,
+                         batched=server.batch) for ex in exs]
+    step = 64 if server.batch else 1
+    outs = [backend.run(*stack(rows[i : i + step])) if server.batch else backend.run(*rows[i])
+            for i in range(0, len(rows), step)]
+    return np.concatenate([o[0].reshape(-1) for o in outs]), np.concatenate([o[-1].reshape(-1) for o in outs])

@@ -124,6 +124,7 @@ class ExportResult(StageResult):
 @dataclass
 class FuseResult(StageResult):
     files: dict = field(default_factory=dict)  # runtime -> fused file in dir (and unfused.* beside it)
+    decoding: dict = field(default_factory=dict)  # what the fused graph changed of the export's (its threshold)
 
 
 @dataclass

@@ -18,6 +18,13 @@ def decoding_section(rep: dict) -> list[str]:
              f"Intents allowed by the build: {', '.join(d['allowed_intents']) if d['allowed_intents'] else 'all'}. "
              f"Out-of-scope: {d['policy']} (threshold {d['threshold']:.4f} on the {d.get('score', 'confidence')}); "
              f"{d['calibration']}."]
+    t = (_pass(rep, "fuse") or {}).get("extra", {}).get("threshold")
+    if t:  # the fuse stage lowered the server graph's precision, and chose the threshold again on its dev scores
+        b, a = t["dev_before"], t["dev_after"]
+        lines.append(f"The shipped graph's precision moves its scores: its threshold, chosen again on its own dev "
+                     f"{t['score']}, is **{t['after']:.4f}** (dev in-scope {_pct(b['in_scope_acc'])} → "
+                     f"{_pct(a['in_scope_acc'])}, OOS recall {_pct(b['oos_recall'])} → {_pct(a['oos_recall'])}, "
+                     f"in-scope refused {_pct(b['refused_in_scope'])} → {_pct(a['refused_in_scope'])}).")
     if d.get("calibration_error"):
         e = d["calibration_error"]
         lines.append(f"Confidence calibration: {d['temperature_note']}. Expected calibration error (in-scope, 15 "
@@ -39,7 +46,7 @@ def decoding_section(rep: dict) -> list[str]:
     if c:
         ch = c["chosen"]
         lines += ["", f"In-scope accuracy against out-of-scope recall on {c['split']} ({c['model']} model, "
-                  f"{c['score']} threshold swept; AUROC {c['auroc']:.4f}); the shipped threshold gives "
+                  f"{c['score']} threshold swept; AUROC {c['auroc']:.4f}); {'its' if t else 'the shipped'} threshold gives "
                   f"**{_pct(ch['in_scope_acc'])} in-scope, {_pct(ch['oos_recall'])} recall**:", "",
                   "| threshold | in-scope acc | OOS recall | in-scope refused |", "|---:|---:|---:|---:|"]
         pts = c["points"]

@@ -15,9 +15,10 @@ from ..conftest import DEMO
 
 STAGES = ["teacher", "export", "fuse", "package"]
 # The lower precisions are what these tests look at: kept whatever a tiny model's 58 dev utterances say (one changed
-# answer is 1.7 points), except where the check itself is tested.
+# answer is 1.7 points), except where the check itself is tested. Rejection on (decoding.oos_far: the demo data has no
+# out-of-scope class), so that the INT8 graph's threshold is chosen again on its own dev scores.
 SETTINGS = {"teacher": {"epochs": 4, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2}, "package": {"bench_utterances": 20},
-            "server": {"max_loss_pts": 100.0}}
+            "server": {"max_loss_pts": 100.0}, "decoding": {"oos_far": 0.05}}
 
 
 def fuse_record(out):
@@ -76,6 +77,34 @@ def test_server_graph_is_batched_and_fully_fused(server_cpu):
     assert rep["package"]["provider"] == "CPUExecutionProvider"
     batches = rep["latency"]["onnx"]["batches"]
     assert batches["provider"] == "CPUExecutionProvider" and all(batches[b]["per_second"] > 0 for b in ("1", "8"))
+
+
+def test_a_kept_int8_graph_refuses_by_a_threshold_chosen_on_its_own_dev_scores(server_cpu, tmp_path):
+    """INT8 moves the energies the out-of-scope threshold compares: the fuse stage chooses the threshold again on the
+    shipped graph's own dev scores (here the one refusing decoding.oos_far of them) and writes it into the graph,
+    and the manifest says the one the graph holds."""
+    import onnx
+
+    from edgekit.converters.oos_threshold import THRESHOLD, find, with_score_output
+    from edgekit.data.dataset import load_dataset
+
+    rep, fuse = fuse_record(server_cpu)
+    export = next(p for p in rep["passes"] if p["name"] == "export")["extra"]["decoding"]
+    t = fuse["extra"]["threshold"]
+    assert export["score"] == t["score"] == "energy" and t["before"] == export["threshold"] != t["after"]
+    assert find(onnx.load(str(server_cpu / "model.onnx")), t["after"]).input[1] == THRESHOLD
+    man = json.loads((server_cpu / "manifest.json").read_text())
+    assert man["decoding"]["threshold"] == t["after"]
+    # the shipped graph's own dev energies, scored here one utterance at a time: the threshold is their 5% quantile
+    with_score_output(server_cpu / "model.onnx", tmp_path / "scored.onnx", t["after"])
+    pred = Predictor.open(server_cpu, "onnx")
+    graph = OnnxBackend(tmp_path / "scored.onnx", dynamic_seq=True, disabled_optimizers=man["onnx_disabled_optimizers"])
+    dev = load_dataset(DEMO).splits["dev"]
+    energy = np.array([graph.run(*pred.inputs(pred.encode(ex.text, False), None, False))[-1][0] for ex in dev])
+    assert t["after"] == pytest.approx(float(np.quantile(energy, 0.05)), rel=1e-5)
+    assert t["dev_after"]["refused_in_scope"] == pytest.approx((energy < t["after"]).mean())
+    refused = [a["intent"] == "oos" for a in pred.predict_batch([ex.text for ex in dev])]  # as an app gets them
+    assert np.mean(refused) == pytest.approx(t["dev_after"]["refused_in_scope"], abs=1.01 / len(dev))
 
 
 def test_static_int8_quantizes_the_projections_of_multi_head_attention(server_cpu):
@@ -162,7 +191,7 @@ def test_batched_answers_equal_one_by_one_with_per_utterance_options(server_cpu)
     for a, b in zip(one, many):  # static INT8: fixed scales, so an answer does not depend on its batch
         assert a["intent"] == b["intent"] and a["slots"] == b["slots"]
         assert abs(a["confidence"] - b["confidence"]) < 1e-4
-    assert all(m["intent"] in a for m, a in zip(many, allow) if a is not None)
+    assert all(m["intent"] in [*a, "oos"] for m, a in zip(many, allow) if a is not None)  # oos: refused
     assert many[1] == many[2] == {"intent": "oos", "confidence": 0.0, "slots": [], "tags": [], "path_confidence": 0.0}
     assert many[4] == {"intent": "oos", "confidence": 0.0, "slots": [], "tags": ["O"],  # a zero-width word
                        "path_confidence": 0.0}

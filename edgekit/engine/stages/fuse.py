@@ -7,6 +7,8 @@ Server profiles (`server.optimize`): ONNX Runtime's transformer optimizer instea
 A server precision below FP32 is checked on dev against the unfused graph: one that loses more than
 `server.max_loss_pts` (all-mpnet-base-v2 under INT8: a few channels of its activations are tens of times the rest,
 more than one scale per tensor can hold) is replaced by the optimizer's FP32 graph, and the report lists both tries.
+A lower precision that is kept moves the scores the out-of-scope threshold compares, so the threshold is chosen
+again on the kept graph's own dev scores (edgekit.engine.decoding_policy.rethreshold) and written into it.
 ExecuTorch fused inside XNNPACK when it was lowered (export stage): its delegated share is carried here.
 """
 
@@ -113,6 +115,10 @@ def run(ctx: Context) -> FuseResult:
                                                         ctx.work / MODEL_FILES["onnx"])
         rec.warnings += rec.extra["onnx"].pop("warnings")
         rec.extra["tries"] = tries
+        if server.precision != "fp32":
+            from edgekit.engine.decoding_policy import rethreshold
+
+            rec.extra["threshold"] = rethreshold(ctx, ctx.work / MODEL_FILES["onnx"], ctx.export.decoding)
         if over:
             rec.extra["over_budget"] = over
             rec.warnings.append(over["message"])
@@ -133,4 +139,5 @@ def run(ctx: Context) -> FuseResult:
     rec.bytes_after, rec.seconds = path.stat().st_size, time.perf_counter() - t0
     row = stage_row("fuse", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds)
     row["runtime"] = runtime
-    return FuseResult(rec.to_dict(), row, files=files)
+    shipped = {"threshold": rec.extra["threshold"]["after"]} if rec.extra.get("threshold") else {}
+    return FuseResult(rec.to_dict(), row, files=files, decoding=shipped)

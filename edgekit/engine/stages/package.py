@@ -37,7 +37,7 @@ def answerable(labels: dict, dec: dict) -> list[str] | None:
 
 
 def manifest(ctx: Context, files: list[str], buckets: dict) -> dict:
-    dec = ctx.export.decoding
+    dec = ctx.export.decoding | (ctx.fuse.decoding if ctx.fuse else {})  # a lower server precision: its threshold
     n_int, L = len(ctx.data.intents), ctx.max_len
     B = "batch" if ctx.settings.server.batch else 1  # server graphs: a dynamic batch axis
     return {
