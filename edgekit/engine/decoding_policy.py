@@ -189,7 +189,8 @@ def rethreshold(ctx: Context, path: Path, decoding: dict) -> dict | None:
     d = ctx.settings.decoding
     if oos.any():
         new, _ = cal.best_threshold(s, ok, refused, oos, d.oos_max_drop_pts / 100)
-        new = float(np.finfo(s.dtype).min) if new is None else new  # no threshold helps: the oos class alone refuses
+        if new is None:  # no threshold helps (cannot happen with out-of-scope dev data): refuse by the class alone
+            new = 0.0 if decoding["score"] == "confidence" else float(np.finfo(s.dtype).min)
     else:
         new = cal.threshold_for_rate(s, d.oos_far)
     before, after = (cal.operating_point(s, ok, refused, oos, t) for t in (old, new))
@@ -203,7 +204,8 @@ def rethreshold(ctx: Context, path: Path, decoding: dict) -> dict | None:
 
 def _graph_scores(ctx: Context, path: Path, exs: list) -> tuple[np.ndarray, np.ndarray]:
     """(intent ids before rejection (N,), the scores the threshold compares (N,)) of the tapped graph at `path`
-    (converters/oos_threshold.py), run as the package's sessions run it, 64 utterances a call on a batched graph."""
+    (converters/oos_threshold.py), 64 utterances a call on a batched graph whose answers do not depend on their
+    batch (fuse checks that: `batch_parity`), one at a time on a dynamic INT8 one (its scales come from the batch)."""
     from edgekit.runtime.backends import OnnxBackend
     from edgekit.runtime.interface import model_inputs, stack
 
@@ -212,7 +214,7 @@ def _graph_scores(ctx: Context, path: Path, exs: list) -> tuple[np.ndarray, np.n
                           disabled_optimizers=ctx.settings.fuse.disabled_optimizers)
     rows = [model_inputs(ctx.tokenizer.encode(ex.text, ctx.max_len), len(ctx.data.intents), True, reject=False,
                          batched=server.batch) for ex in exs]
-    step = 64 if server.batch else 1
+    step = 64 if server.batch and not (server.precision == "int8" and server.int8 == "dynamic") else 1
     outs = [backend.run(*stack(rows[i : i + step])) if server.batch else backend.run(*rows[i])
             for i in range(0, len(rows), step)]
     return np.concatenate([o[0].reshape(-1) for o in outs]), np.concatenate([o[-1].reshape(-1) for o in outs])

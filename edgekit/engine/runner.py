@@ -56,6 +56,21 @@ def writable(folder: Path, flag: str) -> None:
         raise EdgekitError(f"{flag} {folder}: cannot write there ({e.strerror or e})") from None
 
 
+def _base(cfg: BuildConfig, target, cache: StageCache) -> tuple[BuildConfig, Path]:
+    """The build's base model: --base-model, else the profile's `base_model` (the server profiles': all-mpnet-base-v2),
+    else minilm. cfg comes back naming it, and its folder with it."""
+    if cfg.base_model is not None or target.base_model is None:
+        return cfg, base_folder(cfg.base_model, cache.root / "models")
+    try:
+        return dataclasses.replace(cfg, base_model=target.base_model), base_folder(target.base_model,
+                                                                                 cache.root / "models")
+    except EdgekitError as e:  # its extra is missing: say where the choice came from, and the other way
+        if not str(e).startswith("--base-model"):
+            raise
+        raise EdgekitError(f"{e}; --target {target.name} builds it unless --base-model says otherwise "
+                           f"({target.source}): --base-model minilm builds the small one") from None
+
+
 def prepare(cfg: BuildConfig) -> Context:
     """Resolve and check everything before any work: settings, target, data, base model, sequence length, OUT."""
     target, settings = resolve(cfg)
@@ -64,7 +79,7 @@ def prepare(cfg: BuildConfig) -> Context:
     data = load_dataset(cfg.data, cfg.format, cfg.seed)
     check_trainable(data)  # refuse data that cannot train or be scored now, not after the first epoch
     cache = StageCache(default_dir(cfg.cache))
-    base = base_folder(cfg.base_model, cache.root / "models")
+    cfg, base = _base(cfg, target, cache)
     hf = base_config(base)
     if hf["model_type"] == "mpnet" and "prune" in target.stages:
         raise EdgekitError(f"--base-model {cfg.base_model}: an MPNet model cannot be pruned, and --target "

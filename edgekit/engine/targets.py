@@ -18,7 +18,7 @@ from edgekit.runtime.package import RUNTIMES
 # each top-level fact's type: a profile with another is refused naming the key (TOML has no bool/int confusion
 # here, but a quoted "2" or a list of strings where numbers go is a typo to catch before any work)
 FACTS = {"name": str, "description": str, "runtimes": (list, str), "primary_runtime": str, "bench_threads": int,
-         "stages": (list, str), "bucket_percentiles": (list, int)}
+         "stages": (list, str), "bucket_percentiles": (list, int), "base_model": str}
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,8 @@ class Target:
     # ExecuTorch length buckets: these percentiles of the data's piece counts, rounded up to a multiple of 8,
     # become extra fixed lengths below max_len ([] : one length)
     bucket_percentiles: list[int] = field(default_factory=lambda: [50, 90])
+    # the base model a build without --base-model starts from (a name in base_models.toml); None: minilm
+    base_model: str | None = None
     tables: dict = field(default_factory=dict)  # setting tables, validated by edgekit.engine.config
     source: str = ""  # where the profile was read from, for messages
 
