@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.engine.context import Context
-from edgekit.engine.measure import decoding_config, intent_logits
+from edgekit.engine.measure import decoding_config, graph_inputs, intent_logits, onnx_options
 from edgekit.scoring import confidence as cal
 
 log = logging.getLogger("edgekit")
@@ -188,9 +188,8 @@ def rethreshold(ctx: Context, path: Path, decoding: dict) -> dict | None:
     ok, refused = (pred == y) & ~oos, (pred == decoding["oos_id"]) if ctx.data.oos_label else np.zeros(len(y), bool)
     d = ctx.settings.decoding
     if oos.any():
+        # never None with out-of-scope data: the lowest score refuses nothing beyond the class, within any budget
         new, _ = cal.best_threshold(s, ok, refused, oos, d.oos_max_drop_pts / 100)
-        if new is None:  # no threshold helps (cannot happen with out-of-scope dev data): refuse by the class alone
-            new = 0.0 if decoding["score"] == "confidence" else float(np.finfo(s.dtype).min)
     else:
         new = cal.threshold_for_rate(s, d.oos_far)
     before, after = (cal.operating_point(s, ok, refused, oos, t) for t in (old, new))
@@ -207,13 +206,10 @@ def _graph_scores(ctx: Context, path: Path, exs: list) -> tuple[np.ndarray, np.n
     (converters/oos_threshold.py), 64 utterances a call on a batched graph whose answers do not depend on their
     batch (fuse checks that: `batch_parity`), one at a time on a dynamic INT8 one (its scales come from the batch)."""
     from edgekit.runtime.backends import OnnxBackend
-    from edgekit.runtime.interface import model_inputs, stack
+    from edgekit.runtime.interface import stack
 
     server = ctx.settings.server
-    backend = OnnxBackend(path, dynamic_seq=server.seq == "dynamic",
-                          disabled_optimizers=ctx.settings.fuse.disabled_optimizers)
-    rows = [model_inputs(ctx.tokenizer.encode(ex.text, ctx.max_len), len(ctx.data.intents), True, reject=False,
-                         batched=server.batch) for ex in exs]
+    backend, rows = OnnxBackend(path, **onnx_options(ctx)), graph_inputs(ctx, exs, True)
     step = 64 if server.batch and not (server.precision == "int8" and server.int8 == "dynamic") else 1
     outs = [backend.run(*stack(rows[i : i + step])) if server.batch else backend.run(*rows[i])
             for i in range(0, len(rows), step)]

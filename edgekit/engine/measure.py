@@ -90,22 +90,32 @@ def runtime_answers(ctx: Context, runtime: str, path: Path, decoding: bool, reje
     from edgekit.runtime.backends import BACKENDS
     from edgekit.runtime.predictor import Predictor
 
-    server = ctx.settings.server
-    # as the package's sessions will run it: inputs cut as the runtime cuts them, the same optimizers left out
-    onnx_kw = {"dynamic_seq": server.seq == "dynamic", "disabled_optimizers": ctx.settings.fuse.disabled_optimizers}
-    p = Predictor(BACKENDS[runtime](path, **(onnx_kw if runtime == "onnx" else {})), ctx.tokenizer, ctx.labels,
-                  ctx.max_len, decoding, runtime == "onnx" and server.batch)
+    kw = onnx_options(ctx) if runtime == "onnx" else {}
+    p = Predictor(BACKENDS[runtime](path, **kw), ctx.tokenizer, ctx.labels, ctx.max_len, decoding,
+                  runtime == "onnx" and ctx.settings.server.batch)
     return [p.predict(ex.text, warn=False, reject=reject) for ex in ctx.data.splits[split]]
+
+
+def onnx_options(ctx: Context) -> dict:
+    """OnnxBackend's options as the package's sessions will run it: inputs cut as the runtime cuts them, the same
+    optimizers left out."""
+    return {"dynamic_seq": ctx.settings.server.seq == "dynamic",
+            "disabled_optimizers": ctx.settings.fuse.disabled_optimizers}
+
+
+def graph_inputs(ctx: Context, examples, decoding: bool) -> list[list[np.ndarray]]:
+    """Each utterance's graph inputs (rejection off, every intent allowed), shaped for the build's graph."""
+    from edgekit.runtime.interface import model_inputs
+
+    return [model_inputs(ctx.tokenizer.encode(ex.text, ctx.max_len), len(ctx.data.intents), decoding, reject=False,
+                         batched=ctx.settings.server.batch) for ex in examples]
 
 
 def quant_inputs(ctx: Context, n: int, decoding: bool) -> list[list[np.ndarray]]:
     """Graph inputs for `n` train utterances (a fixed shuffle: every intent is represented)."""
-    from edgekit.runtime.interface import model_inputs
-
     train = ctx.data.splits["train"]
     idx = np.random.default_rng(ctx.cfg.seed).permutation(len(train))[:n]
-    return [model_inputs(ctx.tokenizer.encode(train[i].text, ctx.max_len), len(ctx.data.intents), decoding,
-                         reject=False, batched=ctx.settings.server.batch) for i in idx]
+    return graph_inputs(ctx, [train[i] for i in idx], decoding)
 
 
 def argmax_answers(ctx: Context, model, tokenizer) -> list[dict]:

@@ -35,8 +35,7 @@ PR_SET_PDEATHSIG = 1
 ALL_INTERFACES = re.compile(r"^(\s*bind\s+)(\*)?:(\d+)\b", re.MULTILINE)
 ERRORFILE = re.compile(r"^(\s*errorfile\s+)(50[234])\s+\S+", re.MULTILINE)
 ERROR_BODY = b'{"error": "no replica answered the request"}'
-# Serve's defaults section: the first `option` line gains one of ours after it
-DEFAULTS_OPTION = re.compile(r"^(defaults\n(?:[^\n]*\n)*?)(\s*)(option\s[^\n]*\n)", re.MULTILINE)
+DEFAULTS = re.compile(r"^defaults\b[^\n]*\n", re.MULTILINE)  # Serve's defaults section: ours is its first line
 BUFFER_REQUEST = "option http-buffer-request"
 PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")  # set by edgekit.serve.ray_env
 
@@ -62,8 +61,7 @@ def rewrite(config: str, folder: str, ports: set[int]) -> str:
 
     config = ERRORFILE.sub(errorfile, config)
     if BUFFER_REQUEST not in config:
-        config = DEFAULTS_OPTION.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3)}{m.group(2)}{BUFFER_REQUEST}\n",
-                                     config, count=1)
+        config = DEFAULTS.sub(lambda m: f"{m.group(0)}    {BUFFER_REQUEST}\n", config, count=1)
     return config
 
 

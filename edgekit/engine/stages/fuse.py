@@ -34,12 +34,9 @@ def _fuse(ctx: Context, unfused: Path, dst: Path, decoding: bool, server: Server
     """`unfused` (the export's copy, kept for the latency columns) -> `dst`, checked on the test split."""
     from edgekit.converters.fuse import fuse_onnx
     from edgekit.converters.optimize_onnx import optimize_onnx
-    from edgekit.engine.measure import quant_inputs
-    from edgekit.runtime.interface import model_inputs
+    from edgekit.engine.measure import graph_inputs, quant_inputs
 
-    n = len(ctx.data.intents)
-    checks = [model_inputs(ctx.tokenizer.encode(ex.text, ctx.max_len), n, decoding, reject=False,
-                           batched=server.batch) for ex in ctx.data.splits["test"]]
+    checks = graph_inputs(ctx, ctx.data.splits["test"], decoding)
     if server.optimize:
         calib = quant_inputs(ctx, ctx.settings.quantize.calib_samples, decoding) if server.precision == "int8" else None
         rec = optimize_onnx(unfused, dst, server, checks, calib, ctx.settings.fuse)
