@@ -129,7 +129,7 @@ def export_executorch(model: torch.nn.Module, cfg: ExecuTorchExportConfig, path:
     write_bytes(path, program.buffer)
     per_bucket, first = {}, None
     for m in methods:
-        backend = ExecuTorchBackend(path, m["method"], first and first.program)
+        backend = ExecuTorchBackend(path, m["method"], first)
         first = first or backend
         fits = [fit(x, m["max_len"]) for x in check_inputs if int(x[1].sum()) <= m["max_len"]]
         if fits:

@@ -1,23 +1,42 @@
 """Run an exported model through the same C++ runtimes an app ships: ExecuTorch and ONNX Runtime.
 
-Both are imported lazily. XNNPACK's thread count is process-wide and can only be set before the first
-ExecuTorch program is loaded (setting it later aborts the process), so `set_threads` guards that.
+Both are imported lazily, and both load a model from bytes held in memory, never from a mapping of the file: a
+file truncated or rewritten under a mapping is a SIGBUS in the next call (docs/guarantees.md). XNNPACK's thread
+pool is process-wide and cannot change once a program is loaded (the loaded delegates keep the pool they were made
+with), so `set_threads` guards that, and every native step that touches the pool or loads a program runs under
+one lock.
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+import threading
 from pathlib import Path
 
 import numpy as np
 
 from edgekit.runtime.package import RUNTIMES, PackageError
 
-_ET_THREADS: int | None = None
-_ET_LOADED = False
+_ET_THREADS: int | None = None  # the pool's size, once this module has set it
+_ET_LOADED = False  # a program is loaded: the pool is fixed from now on
 _ET = None  # ExecuTorch's native runtime module, once loaded (executorch_native)
 _ET_QUANTIZED = ""  # why the quantized kernels could not be loaded, if they could not
+# One lock for every ExecuTorch step that is not a method call: the native init, the pool's reset and program loads.
+# Resetting the pool while another thread loads a program hung the process (issue 55: 3 of 20 runs of 16 threads).
+# A bounded wait: a load that never returns would otherwise hang every later open too.
+_ET_LOCK = threading.Lock()
+LOCK_WAIT_S = 120.0
+
+
+class _Locked:
+    """`with _Locked():` holds _ET_LOCK, or raises after LOCK_WAIT_S instead of waiting forever."""
+
+    def __enter__(self):
+        if not _ET_LOCK.acquire(timeout=LOCK_WAIT_S):
+            raise RuntimeError(f"another thread has held ExecuTorch's load lock for over {LOCK_WAIT_S:g} s")
+
+    def __exit__(self, *exc):
+        _ET_LOCK.release()
 
 
 def executorch_native():
@@ -27,96 +46,121 @@ def executorch_native():
     Not `executorch.runtime`: its Python wrapper imports the exporter (executorch.exir) and torchao, 10.7 s of a
     cold start against 2.5 s here (measured 2026-12-02 on the 2-core CI machine), and the same C++ runs either way."""
     global _ET, _ET_QUANTIZED
-    if _ET is None:
-        import ctypes
+    with _Locked():
+        if _ET is None:
+            import ctypes
 
-        import torch  # noqa: F401  (the method takes and returns torch tensors)
-        from executorch.extension.pybindings import _portable_lib
+            import torch  # noqa: F401  (the method takes and returns torch tensors)
+            from executorch.extension.pybindings import _portable_lib
 
-        # The kernels register themselves with the runtime on load (static initialisers), as when an app links
-        # `quantized_ops_lib`. Loaded as torch.ops.load_library loads it (RTLD_LOCAL: it finds the runtime through
-        # its own RUNPATH), from beside this very runtime. Without it FP32 packages still run; an INT8 one then
-        # fails to load, and its error says why.
-        where = Path(_portable_lib.__file__).parents[2] / "kernels" / "quantized"
-        libs = sorted(where.glob("*quantized_ops_aot_lib.*"))
-        try:
-            if len(libs) != 1:
-                raise OSError(f"no quantized_ops_aot_lib in {where}")
-            ctypes.CDLL(str(libs[0]))
-        except OSError as e:
-            _ET_QUANTIZED = f"ExecuTorch's quantized kernels are not loaded ({e})"
-        _ET = _portable_lib
+            # The kernels register themselves with the runtime on load (static initialisers), as when an app links
+            # `quantized_ops_lib`. Loaded as torch.ops.load_library loads it (RTLD_LOCAL: it finds the runtime
+            # through its own RUNPATH), from beside this very runtime. Without it FP32 packages still run; an INT8
+            # one then fails to load, and its error says why.
+            where = Path(_portable_lib.__file__).parents[2] / "kernels" / "quantized"
+            libs = sorted(where.glob("*quantized_ops_aot_lib.*"))
+            try:
+                if len(libs) != 1:
+                    raise OSError(f"no quantized_ops_aot_lib in {where}")
+                ctypes.CDLL(str(libs[0]))
+            except OSError as e:
+                _ET_QUANTIZED = f"ExecuTorch's quantized kernels are not loaded ({e})"
+            _ET = _portable_lib
     return _ET
-@contextmanager
-def _quiet_native_stderr():
-    """ExecuTorch's C++ side logs CPU probing to fd 2 at load; keep that off the user's terminal."""
+
+
+def _quiet_reset(et, n: int) -> None:
+    """Reset the pool to n threads with fd 2 sent to /dev/null, under _ET_LOCK. The pool's first use probes the CPU
+    and each reset says so, on fd 2 (cpuinfo_utils.cpp, threadpool.cpp); nothing else ExecuTorch does at load
+    prints. So fd 2 is swapped only here: once a process in practice (the first open), a few milliseconds, and
+    never by two threads at once (interleaved swaps left fd 2 on /dev/null for good: 17 of 20 runs)."""
     if os.environ.get("EDGEKIT_NATIVE_LOGS"):
-        yield
+        et._unsafe_reset_threadpool(n)
         return
     saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
     try:
-        yield
+        et._unsafe_reset_threadpool(n)
     finally:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
 
 
+def _fix_pool(et, n: int | None) -> None:
+    """Under _ET_LOCK: the pool at n threads (None: as it is; 1 before the first load, the phone-like default for
+    one utterance), refused once a program is loaded with another count; then no later change."""
+    global _ET_THREADS, _ET_LOADED
+    if _ET_THREADS is None or (n is not None and n != _ET_THREADS):
+        if _ET_LOADED:
+            raise ValueError(f"threads: ExecuTorch's thread pool is process-wide and holds {_ET_THREADS} since a "
+                             f"program was loaded; it cannot become {n} (open with threads={_ET_THREADS} or None)")
+        want = 1 if n is None else n
+        _quiet_reset(et, want)
+        _ET_THREADS = want
+
+
 def set_threads(n: int) -> None:
-    """Set XNNPACK's thread pool size for this process. Only allowed before any .pte is loaded."""
-    global _ET_THREADS
-    if _ET_THREADS == n:
-        return
-    if _ET_LOADED:
-        raise RuntimeError(f"XNNPACK threads are fixed at {_ET_THREADS} once a program is loaded; cannot set {n}")
+    """Set XNNPACK's thread pool size for this process. Only allowed before any .pte is loaded (ValueError after,
+    unless n is already the pool's size)."""
     et = executorch_native()  # outside the quiet block: a loader message must reach the user
-    with _quiet_native_stderr():
-        et._unsafe_reset_threadpool(n)
-    _ET_THREADS = n
-
-
-def load_program(path: str | Path):
-    """A `.pte`'s program, its methods not loaded (their metadata readable), the thread pool fixed first: XNNPACK's
-    pool cannot change once a program is loaded (set_threads)."""
-    global _ET_LOADED
-    et = executorch_native()
-    if _ET_THREADS is None:
-        set_threads(1)
-    _ET_LOADED = True
-    with _quiet_native_stderr():
-        return et._load_program(str(path), enable_etdump=False, debug_buffer_size=0,
-                                program_verification=et.Verification.InternalConsistency)
+    with _Locked():
+        _fix_pool(et, n)
 
 
 def et_threads() -> int | None:
-    return _ET_THREADS
+    """The thread count ExecuTorch's own pool reports (None before edgekit has set it)."""
+    if _ET_THREADS is None:
+        return None
+    return int(executorch_native()._threadpool_get_thread_count())
+
+
+def _model_bytes(src: str | Path | bytes) -> bytes:
+    """A model's bytes: held ones as they are, a path read whole (the loaders never map a file)."""
+    return src if isinstance(src, bytes) else Path(src).read_bytes()
+
+
+def load_program(src: str | Path | bytes, threads: int | None = None):
+    """A `.pte`'s (program, bytes) from its path or bytes: its methods not loaded (their metadata readable), the
+    thread pool fixed first (set_threads). Keep the bytes as long as the program: it runs from them."""
+    et = executorch_native()
+    data = _model_bytes(src)
+    with _Locked():
+        _fix_pool(et, threads)
+        global _ET_LOADED
+        _ET_LOADED = True
+        return et._load_program_from_buffer(data, enable_etdump=False, debug_buffer_size=0,
+                                            program_verification=et.Verification.InternalConsistency), data
 
 
 class ExecuTorchBackend:
-    """A `.pte` method run by ExecuTorch's C++ runtime (XNNPACK delegate plus portable and quantized kernels)."""
+    """A `.pte` method run by ExecuTorch's C++ runtime (XNNPACK delegate plus portable and quantized kernels), loaded
+    from the file's bytes (a path is read whole first). name: the file's name in messages (default: the path's)."""
 
     name = "executorch"
 
-    def __init__(self, path: str | Path, method: str = "forward", program=None):
-        global _ET_LOADED
-        et = executorch_native()
-        if _ET_THREADS is None:
-            set_threads(1)  # single-utterance inference: one thread is the phone-like default
-        _ET_LOADED = True
-        self.file = Path(path).name
-        # `program`: another method of an already loaded .pte (length buckets). The loader verifies the program's
-        # structure (InternalConsistency), so a damaged file is an error here, never a crash later.
+    def __init__(self, src: str | Path | bytes, method: str = "forward", shared: "ExecuTorchBackend | None" = None,
+                 threads: int | None = None, file: str | None = None):
+        self.file = file or (Path(src).name if not isinstance(src, bytes) else "model.pte")
+        if shared is None:  # the pool first: a refused thread count is the caller's ValueError, not the package's
+            et = executorch_native()
+            with _Locked():
+                _fix_pool(et, threads)
+        # `shared`: the backend of another method of the same loaded .pte (length buckets). The loader verifies the
+        # program's structure (InternalConsistency), so a damaged file is an error here, never a crash later.
         try:
-            with _quiet_native_stderr():
-                self.program = program or et._load_program(
-                    str(path), enable_etdump=False, debug_buffer_size=0,
-                    program_verification=et.Verification.InternalConsistency)
+            self.program, self._bytes = (shared.program, shared._bytes) if shared else load_program(src)
+            with _Locked():
                 self.method = self.program.load_method(method)
         except (RuntimeError, ValueError) as e:
             why = f"; {_ET_QUANTIZED}" if _ET_QUANTIZED else ""
             raise PackageError(f"{self.file}: ExecuTorch cannot load {method!r} ({_first_line(e)}{why})") from None
+
+    @property
+    def threads(self) -> int | None:
+        """The pool's thread count, as ExecuTorch reports it."""
+        return et_threads()
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Inputs in the graph's order (see the manifest's `inputs`)."""
@@ -145,9 +189,9 @@ class OnnxBackend:
 
     name = "onnx"
 
-    def __init__(self, path: str | Path, threads: int = 1, providers: list[str] | None = None,
+    def __init__(self, path: str | Path | bytes, threads: int = 1, providers: list[str] | None = None,
                  serve: dict | None = None, max_len: int = 64, n_intents: int = 2, dynamic_seq: bool = False,
-                 spin: bool = True, disabled_optimizers: list[str] | None = None):
+                 spin: bool = True, disabled_optimizers: list[str] | None = None, file: str | None = None):
         import onnxruntime as ort
 
         from edgekit.runtime.providers import check_ran, choose
@@ -158,9 +202,10 @@ class OnnxBackend:
         so.log_severity_level = 3
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         chosen = choose(providers or ["cpu"], serve, max_len, n_intents, dynamic_seq)
-        self.dynamic_seq, self.file = dynamic_seq, Path(path).name
-        try:
-            self.session = ort.InferenceSession(str(path), so, providers=[p for p, _ in chosen],
+        self.dynamic_seq = dynamic_seq
+        self.file = file or (Path(path).name if not isinstance(path, bytes) else "model.onnx")
+        try:  # from bytes as given (a package's, held since its sha256 was checked), else the file
+            self.session = ort.InferenceSession(path if isinstance(path, bytes) else str(path), so, providers=[p for p, _ in chosen],
                                                 provider_options=[o for _, o in chosen],
                                                 disabled_optimizers=disabled_optimizers or [])
         except Exception as e:  # onnxruntime's own exception types (InvalidProtobuf, Fail, ...) share no base
@@ -237,14 +282,16 @@ BACKENDS = {b.name: b for b in (ExecuTorchBackend, OnnxBackend)}
 assert tuple(BACKENDS) == RUNTIMES, "a backend per runtime name (package.RUNTIMES)"
 
 
-def open_backend(runtime: str, path: str | Path, threads: int = 1, buckets: list[dict] | None = None, **onnx):
-    """The runtime's backend for `path`. ExecuTorch's thread count is process-wide (set_threads); ONNX Runtime's
-    is per session. buckets: the manifest's [{"max_len", "method"}] for a .pte with one method per length.
-    onnx: OnnxBackend's providers, serve and max_len."""
+def open_backend(runtime: str, src: str | Path | bytes, threads: int | None = 1, buckets: list[dict] | None = None,
+                 file: str | None = None, **onnx):
+    """The runtime's backend for a model (its path, or its bytes with `file` its name in messages). ExecuTorch's
+    thread count is process-wide (set_threads; None keeps the pool as it is); ONNX Runtime's is per session (None:
+    1). buckets: the manifest's [{"max_len", "method"}] for a .pte with one method per length. onnx: OnnxBackend's
+    providers, serve and max_len."""
     if runtime != "executorch":
-        return BACKENDS[runtime](path, threads, **onnx)
+        return BACKENDS[runtime](src, threads or 1, file=file, **onnx)
     if not buckets or len(buckets) < 2:
-        return ExecuTorchBackend(path)
-    first = ExecuTorchBackend(path, buckets[0]["method"])
-    return Bucketed({b["max_len"]: ExecuTorchBackend(path, b["method"], first.program) if k else first
+        return ExecuTorchBackend(src, threads=threads, file=file)
+    first = ExecuTorchBackend(src, buckets[0]["method"], threads=threads, file=file)
+    return Bucketed({b["max_len"]: ExecuTorchBackend(src, b["method"], first, file=file) if k else first
                      for k, b in enumerate(buckets)})

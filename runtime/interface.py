@@ -44,7 +44,7 @@ def graph_types(path: str | Path) -> dict[str, dict[str, list[str]]]:
     from edgekit.runtime.backends import load_program
 
     try:
-        program = load_program(path)
+        program, _ = load_program(path)
     except (RuntimeError, ValueError) as e:
         raise PackageError(f"{path.name}: ExecuTorch cannot load it ({str(e).strip()[:200]})") from None
     out = {}

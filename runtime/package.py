@@ -6,12 +6,14 @@ This module is the whole contract between the build side and the app side.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgekit.runtime.jsonfile import LABELS_BYTES, MANIFEST_BYTES, JSONFileError, loads, read_bounded, read_json
-from edgekit.runtime.protofile import ONNX_DTYPES, onnx_inputs, onnx_outputs, sentencepiece_facts
-from edgekit.runtime.ptefile import PteError, check_segments
+from edgekit.runtime.errors import PackageError
+from edgekit.runtime.jsonfile import LABELS_BYTES, MANIFEST_BYTES, JSONFileError, loads, read_bounded
+from edgekit.runtime.modelfacts import OUTPUT_DTYPES, check_models  # noqa: F401 (OUTPUT_DTYPES: re-exported)
 from edgekit.runtime.schemas import first_error, schema  # noqa: F401 (schema: re-exported)
 from edgekit.runtime.schemas import short as _short
 
@@ -26,7 +28,6 @@ SCHEMA_FILE = "manifest.schema.json"  # JSON Schema of the manifest: the runtime
 SCHEMA_PATH = Path(__file__).parent / SCHEMA_FILE
 SCHEMA_PATHS = {v: Path(__file__).parent / f"manifest-{v}.schema.json" for v in (2, 3)} | {SCHEMA_VERSION: SCHEMA_PATH}
 MASK_DTYPES = {2: "bool", 3: "int32", 4: "int32"}  # the element type of intent_mask and reject, by schema version
-OUTPUT_DTYPES = {"intent": "int64", "confidence": "float32", "tags": "int64", "path_confidence": "float32"}  # R8
 SLOT_OUTPUTS = {2: ["tags"], 3: ["tags"], 4: ["tags", "path_confidence"]}  # the outputs a graph with slots adds
 LABELS_SCHEMA_PATH = Path(__file__).parent / "labels.schema.json"  # the runtime's own; packages do not ship it
 
@@ -44,11 +45,13 @@ def package_dir(root: str | Path) -> Path:
     return root
 
 
-class PackageError(Exception):
-    """The folder is not a valid edgekit package."""
+MAX_FILE_BYTES = (2 << 30) - 1  # 2 GiB: one protobuf (an ONNX model without external data) holds no more
 
 
-def sha256(path: Path) -> str:
+def sha256(path: Path | bytes) -> str:
+    """The hex sha256 of a file (streamed) or of bytes already read."""
+    if isinstance(path, bytes):
+        return hashlib.sha256(path).hexdigest()
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -99,7 +102,8 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
     if not isinstance(m, dict):
         raise PackageError(f"{where}: expected a JSON object, got {type(m).__name__}")
     version = m.get("schema_version")
-    if isinstance(version, bool) or version not in SCHEMA_PATHS:
+    # a list or an object is no version (nor hashable); True is not 1; 4.0 is 4 (R3)
+    if isinstance(version, bool) or not isinstance(version, (int, float)) or version not in SCHEMA_PATHS:
         raise PackageError(f"{where}: schema_version {_short(version)}, this runtime reads "
                            f"{', '.join(map(str, list(SCHEMA_PATHS)[:-1]))} and {list(SCHEMA_PATHS)[-1]}"
                            + (" (rebuild the package with this edgekit)" if version == 1 else ""))
@@ -113,6 +117,13 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
     for key, name in refs.items():
         if name not in files:
             raise PackageError(f"{where}: {key}: {name!r} is not listed in files (its sha256 would not be checked)")
+    big = next((n for n, f in m["files"].items() if f["bytes"] > MAX_FILE_BYTES), None)
+    if big is not None:  # refused from the manifest alone, before any file is read or hashed
+        raise PackageError(f"{where}: files.{big}.bytes: {m['files'][big]['bytes']}, more than the {MAX_FILE_BYTES} "
+                           "bytes a package file may have (ONNX's protobuf limit)")
+    if m["files"][m["labels"]]["bytes"] > LABELS_BYTES:
+        raise PackageError(f"{where}: files.{m['labels']}.bytes: {m['files'][m['labels']]['bytes']}, more than the "
+                           f"{LABELS_BYTES >> 20} MiB ({LABELS_BYTES} bytes) a labels file may have")
     T, n_int, buckets = m["max_len"], m["label_sets"]["intents"], m.get("buckets", {})
     lengths = [b["max_len"] for b in buckets.get("executorch", [])]
     methods = [b["method"] for b in buckets.get("executorch", [])]
@@ -136,9 +147,9 @@ def check_manifest(m: object, where: str = MANIFEST) -> dict:
          f"{' and '.join(SLOT_OUTPUTS[version])} exactly when slot_tags > 0"),
         ("cascade.score", score in m["outputs"], f"{_short(score)} is not one of the outputs {m['outputs']}"),
     ]
-    for field, ok, why in facts:
+    for key, ok, why in facts:
         if not ok:
-            raise PackageError(f"{where}: {field}: {why}")
+            raise PackageError(f"{where}: {key}: {why}")
     return m
 
 
@@ -168,92 +179,49 @@ def check_labels(labels: object, m: dict, where: str | Path = "labels.json") -> 
     return labels
 
 
-def _check_files(root: Path, m: dict, verify: bool) -> None:
-    """Each file the manifest lists: present, a plain file inside the folder (no link out), its sha256 (unless
-    not `verify`) and size as the manifest says."""
-    inside = root.resolve()
+def _check_files(root: Path, m: dict, verify: bool, hold: set[str]) -> dict[str, bytes]:
+    """Each file the manifest lists: present, a plain file inside the folder (no link out), its size as the manifest
+    says (from the size alone, before a byte is read), its sha256 (unless not `verify`). The files named in `hold`
+    are read into memory once, and their sha256 is always checked on those very bytes: {name: bytes}."""
+    inside, held = root.resolve(), {}
     for name, meta in m["files"].items():
         f = root / name
         if not f.is_file():
             raise PackageError(f"{f}: listed in the manifest but missing")
         if f.resolve().parent != inside:
             raise PackageError(f"{f}: a link that leaves the package folder")
-        if verify and sha256(f) != meta["sha256"]:
+        with open(f, "rb") as fh:  # one open file: its size, then its bytes, cannot be two different files
+            size = os.fstat(fh.fileno()).st_size
+            if size != meta["bytes"]:
+                raise PackageError(f"{f}: {size} bytes, the manifest says {meta['bytes']} (truncated or edited)")
+            if name in hold:
+                held[name] = data = fh.read(meta["bytes"] + 1)  # + 1: a file that grew meanwhile shows it
+                if len(data) != meta["bytes"]:
+                    raise PackageError(f"{f}: {len(data)} bytes read, the manifest says {meta['bytes']} (changed "
+                                       "while it was read)")
+        if (name in hold or verify) and sha256(held.get(name, f)) != meta["sha256"]:
             raise PackageError(f"{f}: sha256 differs from the manifest (corrupted or edited)")
-        if f.stat().st_size != meta["bytes"]:
-            raise PackageError(f"{f}: {f.stat().st_size} bytes, the manifest says {meta['bytes']} (truncated or "
-                               "edited)")
+    return held
 
 
-def _shape(dtype, dims) -> str:
-    name = {v: k for k, v in ONNX_DTYPES.items()}.get(dtype, f"elem_type {dtype}")
-    return f"{name} [{', '.join(map(str, dims))}]" if dims is not None else f"{name} with no shape"
-
-
-def _fits(dim, want) -> bool:
-    """A graph's dimension (int, a name, or None: unknown) takes the manifest's: "batch" needs a dynamic one, a
-    number the same number or a dynamic one (e.g. a dynamic sequence axis)."""
-    dynamic = not isinstance(dim, int)
-    return dynamic if want == "batch" else dynamic or dim == want
-
-
-# R5: each special piece's text and SentencePiece type (2 UNKNOWN, 3 CONTROL), by the manifest's special_ids key
-SPECIALS = {"pad": ("<pad>", 3), "unk": ("<unk>", 2), "cls": ("[CLS]", 3), "sep": ("[SEP]", 3)}
-SP_TYPES = {1: "NORMAL", 2: "UNKNOWN", 3: "CONTROL", 4: "USER_DEFINED", 5: "UNUSED", 6: "BYTE"}
-
-
-def _check_tokenizer(tok: Path, t: dict) -> None:
-    """R5: the piece count is vocab_size, the normalizer the manifest's, and each special piece found by its text
-    once, of its type, at the manifest's id."""
+def _contents(root: Path, m: dict, verify: bool, hold: set[str]) -> tuple[dict, dict[str, bytes]]:
+    """The checks of Package.load past the manifest: the listed files (`_check_files`, those in `hold` read into
+    memory), labels.json, the tokenizer and the models, each read from its held bytes where it has them ->
+    (labels, held)."""
     try:
-        pieces, normalizer, found = sentencepiece_facts(tok, [text for text, _ in SPECIALS.values()])
-    except ValueError as e:
-        raise PackageError(f"{tok}: not a SentencePiece model ({e})") from None
-    if pieces != t["vocab_size"]:
-        raise PackageError(f"{tok}: {pieces} pieces, the manifest's tokenizer.vocab_size says {t['vocab_size']}")
-    if normalizer != t["normalizer"]:
-        raise PackageError(f"{tok}: its normalizer is {_short(normalizer)}, the manifest's tokenizer.normalizer "
-                           f"says {t['normalizer']!r}")
-    for key, (text, kind) in SPECIALS.items():
-        pieces = [(k, SP_TYPES.get(ty, ty)) for k, ty in found[text]]
-        if pieces != [(t["special_ids"][key], SP_TYPES[kind])]:
-            raise PackageError(f"{tok}: piece {text!r} is {_short(pieces)} (id, type), the manifest's "
-                               f"tokenizer.special_ids.{key} says one {SP_TYPES[kind]} piece at id "
-                               f"{t['special_ids'][key]}")
+        held = _check_files(root, m, verify, hold)
+        name = m["labels"]
+        raw = held[name] if name in held else read_bounded(root / name, LABELS_BYTES, "labels file")
+        labels = check_labels(loads(raw, root / name), m, root / name)
+        check_models(root, m, held)
+    except JSONFileError as e:
+        raise PackageError(str(e)) from None
+    except OSError as e:  # a file the package lists that cannot be read (permissions, a name too long)
+        raise PackageError(f"{e.filename or root}: cannot be read ({e.strerror or e})") from None
+    return labels, held
 
 
-def _check_models(root: Path, m: dict) -> None:
-    """What the manifest says of the other files, read from them without loading a model: the tokenizer's piece
-    count is tokenizer.vocab_size, and each ONNX graph declares the manifest's inputs (names, dtypes, shapes: a
-    fixed dimension is the manifest's number, "batch" is a dynamic one); a `.pte`'s segment table is one its
-    serializer writes (ptefile: ExecuTorch's own verification does not look)."""
-    _check_tokenizer(root / m["tokenizer"]["file"], m["tokenizer"])
-    if "executorch" in m["models"]:
-        try:
-            check_segments(root / m["models"]["executorch"])
-        except PteError as e:
-            raise PackageError(f"{m['models']['executorch']}: {e}") from None
-    graphs = [m["models"]["onnx"]] if "onnx" in m["models"] else []
-    graphs += [m["tensorrt_model"]] if "tensorrt_model" in m else []
-    names = [i["name"] for i in m["inputs"]]
-    for f in (root / name for name in graphs):
-        try:
-            graph = onnx_inputs(f)
-        except ValueError as e:
-            raise PackageError(f"{f}: not an ONNX model ({e})") from None
-        if [name for name, _, _ in graph] != names:
-            raise PackageError(f"{f}: the graph's inputs are {_short([n for n, _, _ in graph])}, the manifest's "
-                               f"inputs say {names}")
-        for k, ((name, dtype, dims), want) in enumerate(zip(graph, m["inputs"])):
-            if dtype != ONNX_DTYPES[want["dtype"]] or dims is None or len(dims) != len(want["shape"]) or not all(
-                    map(_fits, dims, want["shape"])):
-                raise PackageError(f"{f}: input {name} is {_shape(dtype, dims)} in the graph, the manifest's "
-                                   f"inputs.{k} says {want['dtype']} [{', '.join(map(str, want['shape']))}]")
-        outputs = onnx_outputs(f)  # R8: the outputs the manifest names, of their types
-        if [(name, dtype) for name, dtype, _ in outputs] != [(n, ONNX_DTYPES[OUTPUT_DTYPES[n]]) for n in m["outputs"]]:
-            raise PackageError(f"{f}: the graph's outputs are {_short([(n, _shape(t, d)) for n, t, d in outputs], 160)}"
-                               f", the manifest's outputs say {m['outputs']} "
-                               f"({', '.join(f'{n} {OUTPUT_DTYPES[n]}' for n in m['outputs'])})")
+Hold = Callable[[dict], Iterable[str]]  # the manifest -> the names of the listed files to hold in memory
 
 
 @dataclass
@@ -262,14 +230,20 @@ class Package:
     manifest: dict
     labels: dict
     digest: str = ""  # sha256 of manifest.json: pins the whole package (the manifest holds every file's sha256)
+    # listed files read into memory once, each checked against the manifest's size and sha256 on these very bytes:
+    # what a Predictor runs from (Package.load's `hold`, Package.holding)
+    held: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def load(cls, root: str | Path, verify: bool = True, digest: str | None = None) -> "Package":
+    def load(cls, root: str | Path, verify: bool = True, digest: str | None = None,
+             hold: Hold | None = None) -> "Package":
         """Read and check a package folder (docs/package-format.md#checks-on-load): the manifest (inside the folder,
         at most 1 MiB, strict JSON) against its schema, every file it points to listed and inside the folder, each
-        file present with its sha256 and size; labels.json against its schema and label_sets; the tokenizer's piece
-        count, the ONNX graph's inputs and a `.pte`'s segment table against the manifest; with `digest`, the
-        manifest's own sha256."""
+        file present with its size and sha256 as the manifest says; labels.json against its schema and label_sets;
+        the tokenizer's piece count, the ONNX graph's inputs and a `.pte`'s segment table against the manifest; with
+        `digest`, the manifest's own sha256. hold(manifest): the listed files to read into memory once (`held`):
+        their sha256 and every check of them are computed on the bytes kept, so a file changed later reaches
+        nothing that was loaded from them."""
         root = package_dir(root)
         mpath = root / MANIFEST
         if not mpath.is_file():
@@ -282,15 +256,22 @@ class Package:
             if digest is not None and own != digest.removeprefix("sha256:").lower():
                 raise PackageError(f"{mpath}: package digest sha256:{own} is not the pinned {digest}")
             manifest = check_manifest(loads(raw, mpath), str(mpath))
-            _check_files(root, manifest, verify)
-            labels = check_labels(read_json(root / manifest["labels"], LABELS_BYTES, "labels file"), manifest,
-                                  root / manifest["labels"])
-            _check_models(root, manifest)
         except JSONFileError as e:
             raise PackageError(str(e)) from None
-        except OSError as e:  # a file the package lists that cannot be read (permissions, a name too long)
+        except OSError as e:
             raise PackageError(f"{e.filename or root}: cannot be read ({e.strerror or e})") from None
-        return cls(root, manifest, labels, own)
+        labels, held = _contents(root, manifest, verify, set(hold(manifest)) if hold else set())
+        return cls(root, manifest, labels, own, held)
+
+    def holding(self, hold: Hold) -> "Package":
+        """This package with the files `hold` names in memory: read now, each checked on those bytes against this
+        package's manifest (size, sha256, and what Package.load checks of it). A file changed since `load` is a
+        PackageError, never a different model under the same digest."""
+        names = set(hold(self.manifest)) - set(self.held)
+        if not names:
+            return self
+        labels, held = _contents(self.root, self.manifest, False, names)
+        return Package(self.root, self.manifest, labels, self.digest, {**self.held, **held})
 
     def strays(self) -> list[str]:
         """Files in the folder the manifest does not list (the build's report.json and report.md excepted)."""

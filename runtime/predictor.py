@@ -3,145 +3,40 @@
 from __future__ import annotations
 
 import logging
-import math
-import os
-import reprlib
 import time
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
 
-from edgekit.runtime.backends import BACKENDS, open_backend
+from edgekit.runtime.arguments import (  # noqa: F401 (re-exported: the contract's checks, by their old home)
+    MAX_THREADS,
+    MAX_TIMEOUT_S,
+    batch_allow,
+    batch_reject,
+    check_bool,
+    check_names,
+    check_number,
+    check_open,
+    is_list,
+    shown,
+)
+from edgekit.runtime.backends import open_backend
 from edgekit.runtime.cascade import DEFAULT_TIMEOUT_S, Fallback
 from edgekit.runtime.decode import OOS, decode
 from edgekit.runtime.interface import model_inputs, row, stack
 from edgekit.runtime.latency import summary
 from edgekit.runtime.package import Package, PackageError
-from edgekit.runtime.providers import PROVIDERS
 from edgekit.runtime.tokenizer import Encoding, InputError, SentencePieceTokenizer
 
 log = logging.getLogger("edgekit.runtime")
 
-# The argument contract: every option's type, shape and range is checked here, before any tensor is made (a tensor
-# of the wrong shape can abort ExecuTorch's C++ runtime, past any except clause). A wrong type is a TypeError, a bad
-# value a ValueError (InputError for text), each one line naming the parameter.
-
-MAX_THREADS = 256  # above any core count; a huge count would have ONNX Runtime try to start that many threads
-_SHOW = reprlib.Repr()
-_SHOW.maxstring = _SHOW.maxother = 40
-NOT_A_LIST = (str, bytes, bytearray, Mapping)  # iterable, but never meant as a list of names or values
-
-
-def shown(value) -> str:
-    """A caller's value as an error message shows it: short, on one line."""
-    try:
-        return " ".join(_SHOW.repr(value).split())
-    except Exception:  # a caller's object whose repr fails still gets a message
-        return f"a {type(value).__name__}"
-
-
-def check_bool(name: str, value) -> bool:
-    """`value` as a Python bool; TypeError unless it is one (numpy's bool too): None, 0, "no" and NaN are not."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise TypeError(f"{name}: expected True or False, got {shown(value)}")
-
-
-def is_list(value) -> bool:
-    """An iterable a caller may give as a list (list, tuple, generator, array...): not a str, bytes or dict."""
-    return isinstance(value, Iterable) and not isinstance(value, NOT_A_LIST)
-
-
-def check_names(name: str, value, what: str = "intent names") -> list[str] | None:
-    """None, or a list of str from any iterable but a str (read once: a generator works); else TypeError."""
-    if value is None:
-        return None
-    if not is_list(value):
-        raise TypeError(f"{name}: expected a list of {what} or None, got {shown(value)}")
-    names = list(value)  # a generator is read once, here; everything after uses the list
-    bad = [a for a in names if not isinstance(a, str)]
-    if bad:
-        raise TypeError(f"{name}: {what} are str, got {shown(bad[0])}")
-    return names
-
-
-def batch_allow(value, n: int) -> tuple[list[str] | None, list]:
-    """predict_batch's allow_intents for n texts -> (the list of names for all texts, or None; n entries, each None
-    or a value for check_names). None allows every intent everywhere."""
-    if value is None:
-        return None, [None] * n
-    if not is_list(value):
-        raise TypeError(f"allow_intents: expected None, a list of intent names or one entry per text, got "
-                        f"{shown(value)}")
-    items = list(value)
-    if items and all(isinstance(a, str) for a in items):
-        return items, [items] * n
-    if any(isinstance(a, str) for a in items):
-        raise TypeError(f"allow_intents: give one list of intent names for all texts or one entry (None or a list "
-                        f"of names) per text, not both, got {shown(items)}")
-    rows = [check_names(f"allow_intents[{k}]", a) for k, a in enumerate(items)]
-    if len(rows) != n:
-        raise ValueError(f"allow_intents: {len(rows)} entries for {n} texts; give a non-empty list of intent names "
-                         "for all, or one entry per text")
-    return None, rows
-
-
-def batch_reject(value, n: int) -> list[bool]:
-    """predict_batch's reject for n texts: one bool for all, or a list of bools, one per text."""
-    if isinstance(value, (bool, np.bool_)):
-        return [bool(value)] * n
-    if not is_list(value):
-        raise TypeError(f"reject: expected True or False, or one of them per text, got {shown(value)}")
-    rows = [check_bool(f"reject[{k}]", r) for k, r in enumerate(list(value))]
-    if len(rows) != n:
-        raise ValueError(f"reject: {len(rows)} values for {n} texts; give one per text, or one for all")
-    return rows
-
-
-MAX_TIMEOUT_S = 3600.0  # a server's answer waited for at most an hour: sockets refuse far larger timeouts
-
-
-def check_number(name: str, value, low: float, high: float, low_open: bool = False) -> None:
-    """None, or a real number (not a bool) in [low, high] ((low, high] with low_open)."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name}: expected a number or None, got {shown(value)}")
-    # an int too large for a float compares exactly; only floats can be NaN (every comparison False) or infinite
-    if not ((low < value if low_open else low <= value) and value <= high and value not in (math.inf, -math.inf)):
-        raise ValueError(f"{name}: expected a number in {'(' if low_open else '['}{low:g}, {high:g}], got "
-                         f"{shown(value)}")
-
-
-def check_open(package, runtime, threads, providers, digest, fallback_url, spin) -> list[str] | None:
-    """Predictor.open's arguments but the numbers (check_number) -> providers, read once."""
-    if not isinstance(package, (str, os.PathLike, Package)):
-        raise TypeError(f"package: expected a package folder (str or Path) or a Package, got {shown(package)}")
-    if not isinstance(runtime, str):
-        raise TypeError(f"runtime: expected one of {', '.join(BACKENDS)}, got {shown(runtime)}")
-    if runtime not in BACKENDS:
-        raise ValueError(f"runtime: unknown runtime {shown(runtime)}; choose {', '.join(BACKENDS)}")
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
-        raise TypeError(f"threads: expected an int, got {shown(threads)}")
-    if not 1 <= threads <= MAX_THREADS:
-        raise ValueError(f"threads: expected 1 to {MAX_THREADS}, got {shown(threads)}")
-    for name, value in (("digest", digest), ("fallback_url", fallback_url)):
-        if value is not None and not isinstance(value, str):
-            raise TypeError(f"{name}: expected a str or None, got {shown(value)}")
-    check_bool("spin", spin)
-    names = check_names("providers", providers, "provider names")
-    unknown = [p for p in names or [] if p not in PROVIDERS]
-    if unknown:
-        raise ValueError(f"providers: unknown provider {shown(unknown[0])}; choose from {', '.join(PROVIDERS)}")
-    return names
-
-
 def load_tokenizer(pkg: Package) -> SentencePieceTokenizer:
-    """The package's tokenizer.model (its normalizer does all pre-tokenization; the manifest's schema has checked
-    the type)."""
+    """The package's tokenizer.model, from its held bytes where the package has them (its normalizer does all
+    pre-tokenization; the manifest's schema has checked the type)."""
     spec = pkg.manifest["tokenizer"]
-    tok = SentencePieceTokenizer.from_file(pkg.root / spec["file"], lowercase=spec["lowercase"])
+    held = pkg.held.get(spec["file"])
+    tok = SentencePieceTokenizer(held, spec["lowercase"]) if held is not None else \
+        SentencePieceTokenizer.from_file(pkg.root / spec["file"], lowercase=spec["lowercase"])
     if tok.normalizer != spec["normalizer"]:  # e.g. a model without the compiled pre-tokenizer: other ids, silently
         raise PackageError(f"{pkg.root / spec['file']}: normalizer {tok.normalizer!r}, the manifest's "
                            f"tokenizer.normalizer says {spec['normalizer']!r}")
@@ -155,6 +50,18 @@ def _has(provider: str) -> bool:
     import onnxruntime as ort
 
     return provider in ort.get_available_providers()
+
+
+def run_model(m: dict, runtime: str, providers: list[str] | None = None, root: str | Path = "") -> str:
+    """The model file an open of `runtime` runs (a checked manifest's name for it): the runtime's, or for ONNX
+    Runtime with TensorRT first the package's unfused FP32 graph (`tensorrt_model`), which TensorRT parses."""
+    models = m["models"]
+    if runtime not in models:
+        raise PackageError(f"{root}: no model for runtime {runtime!r} (has {', '.join(models)})")
+    names = providers or (m.get("serve") or {}).get("providers") or ["cpu"]
+    if runtime == "onnx" and names[0] == "tensorrt" and m.get("tensorrt_model") and _has("TensorrtExecutionProvider"):
+        return m["tensorrt_model"]
+    return models[runtime]
 
 
 def onnx_options(pkg: Package, providers: list[str] | None = None) -> dict:
@@ -194,7 +101,7 @@ class Predictor:
         self.outputs: list[str] | None = None  # the manifest's outputs, which every call's must match in number
 
     @classmethod
-    def open(cls, package: str | Path | Package, runtime: str = "executorch", threads: int = 1,
+    def open(cls, package: str | Path | Package, runtime: str = "executorch", threads: int | None = None,
              providers: list[str] | None = None, digest: str | None = None, fallback_url: str | None = None,
              escalate_below: float | None = None, fallback_timeout_s: float | None = None,
              spin: bool = True) -> "Predictor":
@@ -207,19 +114,30 @@ class Predictor:
         the manifest's `cascade.timeout_s`); answers then carry `escalated` (and `fallback` when the server
         could not answer; an utterance that says nothing is never escalated). spin: ONNX Runtime's threads spin-wait
         between calls (off on a shared server). A wrong type is a TypeError, a bad value a ValueError, naming the
-        parameter; a package that cannot be used is a PackageError."""
+        parameter; a package that cannot be used is a PackageError.
+
+        The model, tokenizer and labels are read into memory once, checked there (size, sha256, the package's
+        rules), and the runtimes load those bytes: a file changed or swapped later changes no answer.
+        threads: ONNX Runtime's intra-op threads (None: 1); ExecuTorch's pool is process-wide (`threads`): None keeps
+        it as it is (1 at the first load), a count it does not hold is a ValueError once a program is loaded."""
         providers = check_open(package, runtime, threads, providers, digest, fallback_url, spin)
         check_number("escalate_below", escalate_below, 0, 1)
         check_number("fallback_timeout_s", fallback_timeout_s, 0, MAX_TIMEOUT_S, low_open=True)
-        pkg = package if isinstance(package, Package) else Package.load(package, digest=digest)
-        if digest is not None and pkg.digest != digest.removeprefix("sha256:").lower():
-            raise PackageError(f"{pkg.root}: package digest sha256:{pkg.digest} is not the pinned {digest}")
-        path, onnx = pkg.model_path(runtime), {}
+
+        root = package.root if isinstance(package, Package) else package
+
+        def runs(m: dict) -> list[str]:  # the files this open runs from: read once, checked, then used as read
+            return [run_model(m, runtime, providers, root), m["tokenizer"]["file"], m["labels"]]
+
+        if isinstance(package, Package):
+            if digest is not None and package.digest != digest.removeprefix("sha256:").lower():
+                raise PackageError(f"{package.root}: package digest sha256:{package.digest} is not the pinned {digest}")
+            pkg = package.holding(runs)  # each file checked again, on the bytes that will run, against the pin
+        else:
+            pkg = Package.load(package, digest=digest, hold=runs)
+        model, onnx = run_model(pkg.manifest, runtime, providers), {}
         if runtime == "onnx":
             onnx = onnx_options(pkg, providers) | {"spin": spin}
-            names = onnx["providers"]
-            if names[0] == "tensorrt" and pkg.manifest.get("tensorrt_model") and _has("TensorrtExecutionProvider"):
-                path = pkg.root / pkg.manifest["tensorrt_model"]  # TensorRT parses the unfused FP32 graph
         fallback = None
         if fallback_url is not None:
             cas = pkg.manifest.get("cascade") or {}
@@ -230,13 +148,18 @@ class Predictor:
                                  "the command line")
             fallback = Fallback(fallback_url, float(tau), float(fallback_timeout_s or cas.get("timeout_s")
                                                                 or DEFAULT_TIMEOUT_S), cas.get("score", "confidence"))
-        backend = open_backend(runtime, path, threads, pkg.buckets(runtime), **onnx)
+        backend = open_backend(runtime, pkg.held[model], threads, pkg.buckets(runtime), file=model, **onnx)
         dec = pkg.manifest["decoding"]
         pred = cls(backend, load_tokenizer(pkg), pkg.labels, pkg.max_len, True, pkg.batched, fallback,
                    dec["oos_answer"], pkg.mask_dtype, dec["oos_id"], pkg.answerable)
         pred.path_score = "path_confidence" in pkg.manifest["outputs"]
         pred.outputs = pkg.manifest["outputs"]
         return pred
+
+    @property
+    def threads(self) -> int | None:
+        """The threads the runtime runs this model on, as it reports them (ExecuTorch: its process-wide pool)."""
+        return getattr(self.backend, "threads", None)
 
     @property
     def provider(self) -> str:

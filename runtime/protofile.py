@@ -9,6 +9,7 @@ that is not a protobuf is a ValueError saying where it stops making sense.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 ONNX_DTYPES = {"int64": 7, "int32": 6, "float32": 1, "bool": 9}  # TensorProto.DataType of the manifest's input dtypes
@@ -122,6 +123,17 @@ class _Blocks:
         return self.data[i - self.at]
 
 
+@contextmanager
+def _source(src: str | Path | bytes):
+    """A file's bytes as the walk reads them: bytes already in memory as they are (what a Predictor runs), a path
+    through `_Blocks`."""
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        yield src
+        return
+    with open(src, "rb") as f:
+        yield _Blocks(f)
+
+
 def _piece(buf, start: int, end: int) -> tuple[str, int]:
     """A SentencePiece message's text (field 1, last wins, default "") and type (field 3, default 1), in one walk.
     A piece of the usual few bytes is copied out first: indexing bytes is far cheaper than `_Blocks`."""
@@ -136,13 +148,12 @@ def _piece(buf, start: int, end: int) -> tuple[str, int]:
     return text, kind
 
 
-def sentencepiece_facts(path: str | Path, texts) -> tuple[int, str, dict[str, list[tuple[int, int]]]]:
+def sentencepiece_facts(src: str | Path | bytes, texts) -> tuple[int, str, dict[str, list[tuple[int, int]]]]:
     """What docs/package-format.md R5 checks in a SentencePiece model file: its piece count, its normalizer's name
     (NormalizerSpec field 1 in ModelProto field 3, the last value winning; "" when absent) and, for each of
     `texts`, every (id, type) of a piece with that text (SentencePiece field 1, default ""; field 3, default 1)."""
     found: dict[str, list[tuple[int, int]]] = {t: [] for t in texts}
-    with open(path, "rb") as f:
-        buf = _Blocks(f)
+    with _source(src) as buf:
         pieces, specs = 0, []
         for n, wire, v in fields(buf):  # one walk of the top level: pieces (1) and the normalizer spec (3)
             if n in (1, 3) and wire != 2:
@@ -174,11 +185,11 @@ def _dims(buf, tensor: list[tuple[int, int]]) -> list | None:
     return dims
 
 
-def onnx_inputs(path: str | Path, field: int = 11) -> list[tuple[str | None, int | None, list | None]]:
+def onnx_inputs(src: str | Path | bytes, field: int = 11) -> list[tuple[str | None, int | None, list | None]]:
     """The graph inputs an ONNX model file declares, in order: (name, elem_type, dims) each (see `_dims`).
-    field 12: its outputs instead. ValueError when the file is not an ONNX ModelProto."""
-    with open(path, "rb") as f:
-        buf = _Blocks(f)
+    field 12: its outputs instead. ValueError when the file is not an ONNX ModelProto. src: a path, or the
+    file's bytes."""
+    with _source(src) as buf:
         graph = _parts(buf, [(0, len(buf))], 7)  # ModelProto.graph
         out = []
         for info in _parts(buf, graph, field):  # GraphProto.input (11) / output (12): ValueInfoProto {name 1, type 2}
@@ -187,6 +198,6 @@ def onnx_inputs(path: str | Path, field: int = 11) -> list[tuple[str | None, int
         return out
 
 
-def onnx_outputs(path: str | Path) -> list[tuple[str | None, int | None, list | None]]:
+def onnx_outputs(src: str | Path | bytes) -> list[tuple[str | None, int | None, list | None]]:
     """The graph outputs an ONNX model file declares, as `onnx_inputs` gives its inputs."""
-    return onnx_inputs(path, 12)
+    return onnx_inputs(src, 12)

@@ -93,9 +93,12 @@ def check_table(data: bytes, file_size: int | None = None) -> list[tuple[int, in
     return table
 
 
-def check_segments(path: str | Path) -> None:
-    """PteError (one line) unless the `.pte` at `path` has a segment table the serializer would write (reads the
-    header and the program, not the segments)."""
+def check_segments(path: str | Path | bytes) -> None:
+    """PteError (one line) unless the `.pte` at `path` (or these bytes) has a segment table the serializer would
+    write (reads the header and the program, not the segments)."""
+    if isinstance(path, (bytes, bytearray, memoryview)):
+        check_table(path)
+        return
     path = Path(path)
     file_size = path.stat().st_size
     with open(path, "rb") as f:

@@ -198,9 +198,15 @@ class SentencePieceTokenizer(Tokenizer):
     def pieces(self, word: str) -> list[str]:
         return [self.sp.id_to_piece(i) for i in self.word_ids(word)]
 
+    def encode_word(self, word: str) -> list[int]:
+        """SentencePiece's ids for a word with U+0000 removed first: the pre-tokenizer drops it as it drops every
+        other control character, but the compiled normalizer cannot (its trie's keys are NUL-terminated), so a NUL
+        would become a byte piece and "\x00" alone an intent (docs/package-format.md, Tokenization step 3)."""
+        return self.sp.encode(word.replace("\x00", "") if "\x00" in word else word)
+
     def word_ids(self, word: str) -> list[int]:
         """Piece ids for one whitespace word; never empty (an all-control word becomes <unk>)."""
-        return self._cache.get(word, self.sp.encode) or [self.unk_id]
+        return self._cache.get(word, self.encode_word) or [self.unk_id]
 
     def pieceless(self, word: str) -> bool:
-        return not self._cache.get(word, self.sp.encode)
+        return not self._cache.get(word, self.encode_word)

@@ -14,7 +14,7 @@ import typer
 
 from edgekit.errors import EdgekitError
 from edgekit.runtime.jsonfile import MANIFEST_BYTES, read_json
-from edgekit.runtime.package import MANIFEST, RUNTIMES
+from edgekit.runtime.package import MANIFEST, RUNTIMES, PackageError, check_manifest
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,10 @@ def quiet() -> None:
 def runtime_of(value: str | None, package: Path | None = None) -> str:
     """--runtime, or the package's primary runtime when not given."""
     if value is None and package is not None:
-        try:
-            return read_json(package / MANIFEST, MANIFEST_BYTES, "manifest")["primary_runtime"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return "executorch"  # the package's own check reports what is wrong with it
+        try:  # through the one parse path: a field is used only once the manifest's schema has accepted it
+            return check_manifest(read_json(package / MANIFEST, MANIFEST_BYTES, "manifest"))["primary_runtime"]
+        except (OSError, ValueError, PackageError):
+            return "executorch"  # the package's own check (Package.load) reports what is wrong with it
     if value not in RUNTIMES:
         raise EdgekitError(f"unknown --runtime {value!r}; choose {' or '.join(RUNTIMES)}")
     return value

@@ -1,9 +1,10 @@
 """The stage cache: each stage's output stored under a key of everything that made it.
 
 key = sha256 of (stage name, its resolved settings, the key of its input, the edgekit version); the teacher's
-input is a digest of the data files and the base model's weights. So a stage is reused exactly when nothing
-that made it changed, across output folders and targets. Entries are written to a temp folder and renamed in
-place, so a killed build leaves no half entry; an entry that fails to load is rebuilt, with a warning.
+input is a digest of the data (its parsed splits by role, its files by path) and the base model's files
+(edgekit.engine.keys.input_digest). So a stage is reused exactly when nothing that made it changed, across output
+folders and targets. Entries are written to a temp folder and renamed in place, so a killed build leaves no half
+entry; an entry that fails to load is rebuilt, with a warning.
 """
 
 from __future__ import annotations
@@ -34,13 +35,51 @@ def default_dir(arg: str | None = None) -> Path:
     return (Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "edgekit").resolve()
 
 
-def digest_files(paths: list[Path]) -> str:
-    """sha256 over the files' names (relative to their common folder), sizes and bytes; folders walked sorted."""
+def walk_files(folder: Path) -> list[Path]:
+    """Every file under `folder`, sorted, as paths under it. Links to folders and files are followed: a split folder
+    that is a link holds data too (Path.rglob does not enter one on Python 3.11). A link to a folder that holds it
+    (a loop, where a walk would never end) is refused in one line; what cannot be stat'ed (a dangling link) is no
+    file."""
+    out: list[Path] = []
+    stack = [(Path(folder), frozenset({_ident(Path(folder))}))]
+    while stack:
+        here, above = stack.pop()
+        try:
+            entries = list(os.scandir(here))
+        except OSError as e:
+            raise EdgekitError(f"{here}: cannot be read ({e.strerror or e})") from None
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                is_dir, is_file = entry.is_dir(), entry.is_file()
+                ident = _ident(path) if is_dir else None
+            except OSError:  # a link to itself, or to nothing: not data
+                continue
+            if is_dir and ident in above:
+                raise EdgekitError(f"{path}: a link to {os.path.realpath(path)}, a folder that holds it (a loop); "
+                                   "remove the link")
+            if is_dir:
+                stack.append((path, above | {ident}))
+            elif is_file:
+                out.append(path)
+    return sorted(out)
+
+
+def _ident(path: Path) -> tuple[int, int]:
+    st = path.stat()  # the folder a link points to: two names of one folder are one identity
+    return st.st_dev, st.st_ino
+
+
+def digest_files(paths: list[Path], root: Path | None = None) -> str:
+    """sha256 over the files' names, sizes and bytes. Names are relative to `root` where it is given (the data
+    folder); without it a file is named by its base name and a folder's files relative to that folder. Folders are
+    walked sorted and links followed (walk_files): a linked file is keyed by the content it points to."""
     h = hashlib.sha256()
     files = []
     for p in paths:
-        files += sorted((x, x.relative_to(p).as_posix()) for x in p.rglob("*") if x.is_file()) if p.is_dir() \
-            else [(p, p.name)]
+        base = root if root is not None else p
+        files += [(x, x.relative_to(base).as_posix()) for x in walk_files(p)] if p.is_dir() \
+            else [(p, p.relative_to(root).as_posix() if root is not None else p.name)]
     for f, name in files:
         h.update(name.encode() + b"\0" + str(f.stat().st_size).encode() + b"\0")
         with open(f, "rb") as fh:

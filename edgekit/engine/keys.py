@@ -1,14 +1,19 @@
 """Cache keys: what a stage's output depends on, hashed (edgekit.engine.cache.stage_key).
 
 A stage's key is its name, the settings it reads and the build facts in its spec (edgekit.engine.registry), and
-its input's key: the previous stage's output key, or for the first stage a digest of the data and the base model.
+its input's key: the previous stage's output key, or for the first stage a digest of the data and the base model
+(input_digest: the parsed splits by role, the data files by relative path, the base model's files).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from pathlib import Path
 
-from edgekit.engine.cache import digest_files, stage_key
+from edgekit.data.dataset import SPLITS, Dataset
+from edgekit.engine.cache import digest_files, stage_key, walk_files
 from edgekit.engine.context import Context
 from edgekit.engine.registry import STAGES
 
@@ -88,28 +93,54 @@ def build_outputs() -> frozenset[str]:
 
 
 def data_files(path: str, out: str) -> list[Path]:
-    """The files the data key digests: every file of the data (a file, or a folder's files), whatever OUT is. Left
-    out are only what a build writes, so that a rebuild still hits the cache: all of OUT when it sits inside the data
-    folder; when OUT is the data folder itself, the build's own files at its top (build_outputs). When OUT contains
-    the data folder, nothing of the data is OUT's own."""
-    p, out_dir = Path(path), Path(out).resolve()
+    """The files the data key digests: every file of the data (a file, or a folder's files, links followed), whatever
+    OUT is. Left out are only what a build writes, so that a rebuild still hits the cache: all of OUT when it sits
+    inside the data folder; when OUT is the data folder itself, the build's own files at its top (build_outputs).
+    When OUT contains the data folder, nothing of the data is OUT's own. OUT and the data folder are compared both
+    as written and with links resolved (OUT may be reached through a link inside the data folder)."""
+    p = Path(path)
     if p.is_file():
         return [p]
-    root = p.resolve()
-    files = sorted(x for x in p.rglob("*") if x.is_file())
-    if out_dir == root:
+    files = walk_files(p)
+    outs, roots = _names(Path(out)), _names(p)
+    if outs & roots:
         own = build_outputs()
-        return [x for x in files if not (x.parent.resolve() == root and x.name in own)]
-    if out_dir.is_relative_to(root):  # OUT inside the data folder: none of it is data
-        return [x for x in files if not x.resolve().is_relative_to(out_dir)]
+        return [x for x in files if not (x.parent == p and x.name in own)]
+    if any(o.is_relative_to(r) for o in outs for r in roots):  # OUT inside the data folder: none of it is data
+        return [x for x in files if not any(y.is_relative_to(o) for y in _names(x) for o in outs)]
     return files
 
 
-def input_digest(data: str, out: str, base: Path, specials: dict | None = None) -> str:
-    """The first stage's input key: the data files and the base model's files; and the special pieces where they
-    are not BERT's (they decide which rows [CLS] and [SEP] read), so that BERT-family keys stay as they were."""
+def _names(p: Path) -> set[Path]:
+    """A path as written (made absolute) and with its links resolved."""
+    return {Path(os.path.abspath(p)), p.resolve()}
+
+
+def splits_digest(data: Dataset) -> str:
+    """sha256 of what the build trains, tunes and tests on: each split under its role (train, dev, test), its
+    examples in order (words, slot tags, intent), splits drawn from train included. So the key follows the parse,
+    not only the bytes: a folder renamed from test/ to dev/, or a split column assigned otherwise, is other data."""
+    h = hashlib.sha256()
+    for role in SPLITS:
+        examples = data.splits.get(role, [])
+        h.update(json.dumps([role, len(examples)]).encode() + b"\n")
+        for ex in examples:
+            h.update(json.dumps([ex.words, ex.tags, ex.intent], ensure_ascii=False).encode() + b"\n")
+    return h.hexdigest()
+
+
+def input_digest(data: Dataset, out: str, base: Path, specials: dict | None = None) -> str:
+    """The first stage's input key: the data's parsed splits by role (splits_digest); each data file by its path
+    relative to the data folder (a data file alone: by its name), with its size and bytes; the base model's
+    config.json, model.safetensors and vocab.txt; and the special pieces where they are not BERT's (they decide
+    which rows [CLS] and [SEP] read)."""
     from edgekit.text.wordpiece import BERT_SPECIALS
 
+    path = Path(data.source)
+    root = path if path.is_dir() else path.parent
     base_files = [base / n for n in ("config.json", "model.safetensors", "vocab.txt")]
-    digest = digest_files(data_files(data, out) + base_files)
-    return digest if specials in (None, BERT_SPECIALS) else stage_key("input", {"specials": specials}, digest)
+    parts = {"splits": splits_digest(data), "files": digest_files(data_files(data.source, out), root),
+             "base": digest_files(base_files)}
+    if specials not in (None, BERT_SPECIALS):
+        parts["specials"] = specials
+    return stage_key("input", parts, "")

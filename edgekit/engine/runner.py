@@ -71,6 +71,95 @@ def _base(cfg: BuildConfig, target, cache: StageCache) -> tuple[BuildConfig, Pat
                            f"({target.source}): --base-model minilm builds the small one") from None
 
 
+# What a manifest holds besides the intent names it may list (decoding.allowed_intents, oos_answer): a real one is
+# 2-3 KB, the files' sha256 included. Counted generously: the estimate must never be below the manifest written.
+MANIFEST_REST = 64 << 10
+# tokenizer.model's top-level fields besides its pieces (SentencePiece's ModelProto: trainer_spec, normalizer_spec,
+# self_test_data, denormalizer_spec); the runtime walks at most protofile.MAX_FIELDS fields of one message.
+SP_OTHER_FIELDS = 4
+# What each bound of package_limits counts, the manifest field the runtime checks it on, and what to do about it.
+LIMITED = {"intents": ("intents", "label_sets.intents", "merge or drop intents"),
+           "slot_tags": ("slot tags", "label_sets.slot_tags", "merge or drop slot names"),
+           "pieces": ("pieces in the base model's vocabulary", "tokenizer.vocab_size and tokenizer.model's fields",
+                      "trim it (a profile with the trim_vocab stage) or choose another --base-model"),
+           "max_len": ("pieces of sequence length (p99 of train and dev)", "max_len",
+                       "set package.max_len, or shorten the utterances"),
+           "bucket": ("pieces of a length bucket", "buckets.executorch max_len", "change package.buckets")}
+
+
+def package_limits() -> dict:
+    """The limits the runtime holds a package to that the data (or the base model) decides, read from their
+    owners: the JSON files' byte limits (edgekit.runtime.jsonfile), the manifest schema's bounds as (least, most),
+    and the pieces a tokenizer.model may hold (edgekit.runtime.protofile walks at most MAX_FIELDS fields)."""
+    from edgekit.runtime import jsonfile, protofile
+    from edgekit.runtime.package import SCHEMA_PATH, schema
+
+    props = schema(SCHEMA_PATH)["properties"]
+
+    def bounds(node: dict) -> tuple[int, float]:
+        return node.get("minimum", 0), node.get("maximum", math.inf)
+
+    least, most = bounds(props["tokenizer"]["properties"]["vocab_size"])
+    return {"labels_bytes": jsonfile.LABELS_BYTES, "manifest_bytes": jsonfile.MANIFEST_BYTES,
+            "intents": bounds(props["label_sets"]["properties"]["intents"]),
+            "slot_tags": bounds(props["label_sets"]["properties"]["slot_tags"]),
+            "pieces": (least, min(most, protofile.MAX_FIELDS - SP_OTHER_FIELDS)),
+            "max_len": bounds(props["max_len"]),
+            "bucket": bounds(props["buckets"]["properties"]["executorch"]["items"]["properties"]["max_len"])}
+
+
+def _sizes(cfg: BuildConfig, data, folder: Path) -> tuple[int, int, Path]:
+    """labels.json as the package stage writes it (its size and path), and the manifest's size from above: the
+    intent names it may list in decoding.allowed_intents (with --intents, or an out-of-scope class the policy may
+    keep out of the softmax), written as the package stage writes them, plus MANIFEST_REST."""
+    from edgekit.io import write_json
+    from edgekit.runtime.decode import OOS
+    from edgekit.scoring.score import labels_of
+
+    labels, part = folder / "labels.json", folder / "manifest.json"
+    write_json(labels, labels_of(data))
+    listed = list(cfg.intents or data.intents) if cfg.intents or data.oos_label else None
+    write_json(part, {"decoding": {"allowed_intents": listed, "oos_answer": data.oos_label or OOS}})
+    return labels.stat().st_size, part.stat().st_size + MANIFEST_REST, labels
+
+
+def check_package_limits(cfg: BuildConfig, data, tokenizer, max_len: int, buckets: list[int], stages) -> None:
+    """Refuse, before any training, data whose package the runtime would refuse on load (docs/package-format.md,
+    "Checks on load"), in one line naming the data and the limit: labels.json's and the manifest's bytes, the
+    label and piece counts and the sequence lengths against the manifest schema, and labels.json read as the
+    runtime reads it (strict JSON, labels.schema.json)."""
+    from edgekit.runtime.jsonfile import JSONFileError, read_json
+    from edgekit.runtime.package import LABELS_SCHEMA_PATH
+    from edgekit.runtime.schemas import first_error
+
+    lim, where = package_limits(), data.source
+    counts = [("intents", len(data.intents)), ("slot_tags", len(data.slot_tags)), ("max_len", max_len)]
+    if "trim_vocab" not in stages:  # trim_vocab ships fewer pieces than the base has: how many is known after it
+        counts.append(("pieces", tokenizer.vocab_size))
+    for name, n in counts + [("bucket", b) for b in buckets]:
+        least, most = lim[name]
+        if not least <= n <= most:
+            what, field, fix = LIMITED[name]
+            bound = f"more than the {most:,}" if n > most else f"fewer than the {least:,}"
+            raise EdgekitError(f"{where}: {n:,} {what}, {bound} a package may hold (the runtime checks the "
+                               f"manifest's {field}); {fix}")
+    with tempfile.TemporaryDirectory() as tmp:
+        labels_bytes, manifest_bytes, labels = _sizes(cfg, data, Path(tmp))
+        for n, most, what, names in ((labels_bytes, lim["labels_bytes"], "labels.json", "intent and slot-tag"),
+                                     (manifest_bytes, lim["manifest_bytes"], "manifest.json", "intent")):
+            if n > most:
+                raise EdgekitError(f"{where}: the package's {what} would be {n:,} bytes, more than the "
+                                   f"{most >> 20} MiB ({most:,} bytes) the runtime reads: {len(data.intents):,} "
+                                   f"intents, {len(data.slot_tags):,} slot tags; shorten the {names} names or "
+                                   "use fewer")
+        try:
+            why = first_error(read_json(labels, lim["labels_bytes"], "labels file"), LABELS_SCHEMA_PATH, "(labels)")
+        except JSONFileError as e:
+            why = str(e).replace(str(labels), "labels.json")
+    if why:
+        raise EdgekitError(f"{where}: the package's labels.json would be refused by the runtime: {why}")
+
+
 def prepare(cfg: BuildConfig) -> Context:
     """Resolve and check everything before any work: settings, target, data, base model, sequence length, OUT."""
     target, settings = resolve(cfg)
@@ -101,8 +190,9 @@ def prepare(cfg: BuildConfig) -> Context:
     unknown = [i for i in cfg.intents or [] if i not in data.intents]
     if unknown:
         raise EdgekitError(f"--intents: unknown intent {unknown[0]!r}; {cfg.data} has: {', '.join(data.intents)}")
+    check_package_limits(cfg, data, tokenizer, max_len, stats["buckets"], target.stages)
     writable(Path(cfg.out), "--out")  # refused now, not after training (an empty OUT may stay)
-    digest = input_digest(cfg.data, cfg.out, base, sp)
+    digest = input_digest(data, cfg.out, base, sp)
     ctx = Context(cfg, settings, target, data, Path(cfg.out), max_len, stats, tokenizer, rows, target.stages,
                   cache, digest, base_model=base)
     d = settings.distill

@@ -52,6 +52,11 @@ export function isSeparator(cp) {
 }
 
 const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+/** A value in a message: JSON text (a number as JavaScript writes it, so Infinity stays Infinity), one short line. */
+const show = (v) => {
+  const text = typeof v === "number" ? String(v) : JSON.stringify(v) ?? String(v);
+  return text.length <= 80 ? text : `${text.slice(0, 77)}...`;
+};
 
 /**
  * A package's JSON file from its bytes, as R3 says: at most `maxBytes`, UTF-8 without a byte-order mark, one
@@ -183,10 +188,13 @@ function toBase64(bytes) {
 }
 
 /**
- * Refuse a manifest this client cannot read, before any other file is used (spec, Versioning): R2 first, then the
- * fields this client reads: integers where the schema has integers (R3), the tokenizer, file names that are plain
- * names listed in `files`, the inputs' names, element types (R8) and exact shapes (R9), the outputs, `seq_axis`
- * (R10) and `decoding`. Answers T, I, S and the shapes the feeds take (a server's "batch" sent as B = 1).
+ * Refuse a manifest this client cannot read, before any other file is used (spec, Versioning): R2 first, then each
+ * field this client (or the page) reads, its type before its value: integers where the schema has integers (R3),
+ * the tokenizer, file names that are plain names listed in `files`, the inputs' names, element types (R8) and exact
+ * shapes (R9), the outputs, `seq_axis` (R10), `onnx_disabled_optimizers`, `profile` and `decoding`. A wrong one is
+ * one PackageError line, `manifest.json: FIELD: WHY`, FIELD the dotted path (`inputs.0.shape`,
+ * `tokenizer.special_ids.cls`) and WHY `missing` or `VALUE is not WHAT`, VALUE as JSON. Answers T, I, S and the
+ * shapes the feeds take (a server's "batch" sent as B = 1).
  */
 export function checkManifest(manifest) {
   if (!isObject(manifest)) throw new PackageError("manifest.json: expected a JSON object");
@@ -200,60 +208,74 @@ export function checkManifest(manifest) {
       `${SCHEMA_VERSION}`);
   }
   const fail = (path, why) => { throw new PackageError(`manifest.json: ${path}: ${why}`); };
-  const at = (path) => path.split(".").reduce((v, key) => {  // a field the schema requires, or refused
-    if (v === null || typeof v !== "object" || !Object.hasOwn(v, key)) fail(path, "missing");
+  const need = (ok, path, value, what) => (ok ? value : fail(path, `${show(value)} is not ${what}`));
+  const at = (path) => path.split(".").reduce((v, key, i, keys) => {  // a field the schema requires, or refused
+    need(Array.isArray(v) ? /^\d+$/.test(key) : isObject(v), keys.slice(0, i).join("."), v, "an object");
+    if (!Object.hasOwn(v, key)) fail(keys.slice(0, i + 1).join("."), "missing");
     return v[key];
   }, manifest);
   const int = (path, min, max = Number.MAX_SAFE_INTEGER) => {  // R3: 16 and 16.0 are one value; 16.5, "16" are not
     const v = at(path);
-    if (!Number.isSafeInteger(v) || v < min || v > max) {
-      fail(path, `${typeof v === "number" ? v : JSON.stringify(v)} is not an integer from ${min} to ${max}`);
-    }
-    return v;
+    return need(Number.isSafeInteger(v) && v >= min && v <= max, path, v, `an integer from ${min} to ${max}`);
   };
-  const T = int("max_len", 8, 512), I = int("label_sets.intents", 2), S = int("label_sets.slot_tags", 0);
+  const one = (path, ...allowed) => {
+    const v = at(path);
+    return need(allowed.includes(v), path, v, allowed.map(show).join(" or "));
+  };
+  const object = (path) => { const v = at(path); return need(isObject(v), path, v, "an object"); };
+  const names = (path, v, least = 1) => {  // a list of non-empty strings, `least` of them or more
+    need(Array.isArray(v) && v.length >= least, path, v, `a ${least ? "non-empty " : ""}list of names`);
+    v.forEach((name, k) => need(typeof name === "string" && name !== "", `${path}.${k}`, name, "a name"));
+  };
 
-  if (at("tokenizer.type") !== "sentencepiece") fail("tokenizer.type", "expected sentencepiece");
-  if (at("tokenizer.normalizer") !== NORMALIZER) fail("tokenizer.normalizer", `expected ${NORMALIZER}`);
+  const T = int("max_len", 8, 512);
+  object("label_sets");
+  const I = int("label_sets.intents", 2), S = int("label_sets.slot_tags", 0);
+  object("tokenizer");
+  one("tokenizer.type", "sentencepiece");
+  one("tokenizer.normalizer", NORMALIZER);
   int("tokenizer.vocab_size", 5);
+  object("tokenizer.special_ids");
   for (const key of Object.keys(SPECIALS)) int(`tokenizer.special_ids.${key}`, 0);
-  const files = at("files"), models = at("models");
-  if (!isObject(models) || !models.onnx) fail("models", `no onnx model (the package has ${Object.keys(models ?? {})})`);
-  for (const name of [at("schema"), at("labels"), at("tokenizer.file"), ...Object.values(models)]) {
-    const plain = typeof name === "string" && /^(?!\.\.?$)[^/\\]+$/.test(name);
-    if (!plain || !isObject(files) || !Object.hasOwn(files, name)) {
-      fail("files", `${JSON.stringify(name)} is not a file name listed in files`);
-    }
+  const profile = at("profile");  // the page shows it
+  need(typeof profile === "string" && profile !== "", "profile", profile, "a profile name");
+  const files = object("files"), models = object("models");
+  if (!Object.hasOwn(models, "onnx")) {
+    fail("models.onnx", `missing (this client runs the ONNX model; the package has ${show(Object.keys(models))})`);
+  }
+  for (const path of ["schema", "labels", "tokenizer.file", ...Object.keys(models).map((key) => `models.${key}`)]) {
+    const name = at(path), plain = typeof name === "string" && /^(?!\.\.?$)[^/\\]+$/.test(name);
+    need(plain && Object.hasOwn(files, name), path, name, "a file name listed in files");
+  }
+  if (Object.hasOwn(manifest, "onnx_disabled_optimizers")) {
+    names("onnx_disabled_optimizers", manifest.onnx_disabled_optimizers, 0);
   }
 
   // R8 and R9: names and element types in order, and each shape exactly the phone's or the server's
   const inputs = at("inputs");
-  if (!Array.isArray(inputs) || inputs.length !== INPUTS.length) fail("inputs", `expected ${INPUTS.length} inputs`);
-  const batched = Array.isArray(inputs[0]?.shape) && inputs[0].shape[0] === "batch";
+  need(Array.isArray(inputs) && inputs.length === INPUTS.length, "inputs", inputs, `a list of ${INPUTS.length} inputs`);
+  INPUTS.forEach(([name, dtype], k) => { one(`inputs.${k}.name`, name); one(`inputs.${k}.dtype`, dtype); });
+  const shapes = INPUTS.map((_, k) => at(`inputs.${k}.shape`));
+  const batched = Array.isArray(shapes[0]) && shapes[0][0] === "batch";
   const want = batched ? [["batch", T], ["batch", T], ["batch", T - 2], ["batch", I], ["batch"]]
     : [[1, T], [1, T], [1, T - 2], [I], [1]];
-  inputs.forEach((input, k) => {
-    const [name, dtype] = INPUTS[k];
-    if (input?.name !== name || input.dtype !== dtype) fail(`inputs.${k}`, `expected ${name} ${dtype}`);
-    if (JSON.stringify(input.shape) !== JSON.stringify(want[k])) {
-      fail(`inputs.${k}`, `${name} has shape ${JSON.stringify(input.shape)}, expected ${JSON.stringify(want[k])}` +
-        ` (${batched ? "a server package: \"batch\" first on every input" : "a phone package"})`);
-    }
-  });
+  shapes.forEach((shape, k) => need(JSON.stringify(shape) === JSON.stringify(want[k]), `inputs.${k}.shape`, shape,
+    `${show(want[k])} (${batched ? "a server package: \"batch\" first on every input" : "a phone package"})`));
   const outputs = ["intent", "confidence", ...(S > 0 ? ["tags", "path_confidence"] : [])];
-  if (JSON.stringify(at("outputs")) !== JSON.stringify(outputs)) fail("outputs", `expected ${JSON.stringify(outputs)}`);
+  const named = at("outputs");
+  need(JSON.stringify(named) === JSON.stringify(outputs), "outputs", named,
+    `${show(outputs)} (label_sets.slot_tags ${S})`);
   if (Object.hasOwn(manifest, "seq_axis")) {  // R10: this client pads to T, right under either value
-    if (!["fixed", "dynamic"].includes(manifest.seq_axis)) fail("seq_axis", 'expected "fixed" or "dynamic"');
-    if (manifest.seq_axis === "dynamic" && !batched) fail("seq_axis", "dynamic needs a batched graph ('batch' inputs)");
+    if (one("seq_axis", "fixed", "dynamic") === "dynamic" && !batched) {
+      fail("seq_axis", "dynamic needs a batched graph ('batch' inputs)");
+    }
   }
 
+  object("decoding");
   int("decoding.oos_id", 0, I);  // R12, R13: I is the reserved id of data without an out-of-scope class
   const answer = at("decoding.oos_answer"), allowed = at("decoding.allowed_intents");
-  if (typeof answer !== "string" || answer === "") fail("decoding.oos_answer", "expected a name");
-  const names = Array.isArray(allowed) && allowed.length > 0 && allowed.every((n) => typeof n === "string");
-  if (allowed !== null && !names) {
-    fail("decoding.allowed_intents", "expected null or a non-empty list of intent names");
-  }
+  need(typeof answer === "string" && answer !== "", "decoding.oos_answer", answer, "an intent name");
+  if (allowed !== null) names("decoding.allowed_intents", allowed);  // null: every intent (R14)
   return {T, I, S, shapes: want.map((shape) => shape.map((d) => (d === "batch" ? 1 : d)))};
 }
 
@@ -268,18 +290,20 @@ function checkLabels(labels, manifest, I, S) {
   const other = Object.keys(labels).find((key) => !["intents", "slot_tags", "oos_label"].includes(key));
   if (other !== undefined) fail(`unknown key ${JSON.stringify(other)}`);
   const {intents, slot_tags: tags} = labels, oos = labels.oos_label ?? null;
+  if (!Object.hasOwn(labels, "intents")) fail("intents: missing");
   if (!Array.isArray(intents) || !intents.every((n) => typeof n === "string" && n !== "") ||
       new Set(intents).size !== intents.length) {
-    fail("intents: expected a list of unique non-empty names");
+    fail(`intents: ${show(intents)} is not a list of unique non-empty names`);
   }
-  if (!Array.isArray(tags)) fail("slot_tags: missing (an intent-only package has [])");
+  if (!Object.hasOwn(labels, "slot_tags")) fail("slot_tags: missing (an intent-only package has [])");
+  if (!Array.isArray(tags)) fail(`slot_tags: ${show(tags)} is not a list of tags (an intent-only package has [])`);
   const bio = (t) => typeof t === "string" && t.length > 2 && (t.startsWith("B-") || t.startsWith("I-"));
   if (tags.length > 0 && !(tags[0] === "O" && tags.slice(1).every(bio) && new Set(tags).size === tags.length)) {
     fail('slot_tags: expected "O" first, then tags B-x or I-x (x not empty), each once');
   }
   if (intents.length !== I) fail(`intents: ${intents.length} names, the manifest's label_sets.intents says ${I}`);
   if (tags.length !== S) fail(`slot_tags: ${tags.length} names, the manifest's label_sets.slot_tags says ${S}`);
-  if (oos !== null && !intents.includes(oos)) fail(`oos_label: ${JSON.stringify(oos)} is not one of the intents`);
+  if (oos !== null && !intents.includes(oos)) fail(`oos_label: ${show(oos)} is not one of the intents`);
 
   // R13: every rejection answers oos_answer, whichever id it came by: the three fields must say the same thing
   const {oos_id: oosId, oos_answer: answer, allowed_intents: allowed} = manifest.decoding;
@@ -363,7 +387,9 @@ export function tokenize(pkg, text) {
   for (const [start, end] of words) {
     const room = T - 1 - ids.length;
     if (room === 0) { cut = true; break; }
-    let pieces = sp.encodeIds(chars.slice(start, end).join(""));
+    // U+0000 removed first (spec, Tokenization step 3): the normalizer drops every other control character, but its
+    // compiled table cannot hold NUL, so "\0" alone would be a byte piece and an intent
+    let pieces = sp.encodeIds(chars.slice(start, end).join("").replaceAll("\0", ""));
     said ||= pieces.length > 0;
     if (pieces.length === 0) pieces = [special.unk];
     wordPos.push(ids.length);

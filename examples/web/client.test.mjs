@@ -7,7 +7,7 @@
  */
 import {test} from "node:test";
 import assert from "node:assert/strict";
-import {checkManifest, openPackage, parseJson, predict, tokenize, PackageError} from "./client.mjs";
+import {checkManifest, openPackage, parseJson, predict, sessionOptions, tokenize, PackageError} from "./client.mjs";
 
 const OLD = (v) => `manifest.json: schema_version ${v} is not supported by this client (it reads 4); rebuild the ` +
   "package with an edgekit that writes schema_version 4";
@@ -206,7 +206,8 @@ test("R4: slot_tags must be present, \"O\" first, then B-x / I-x tags, each once
   }
   await assert.rejects(open({labels: {...LABELS, slot_tags: ["O", "B-x"]}}), refused(/slot_tags: 2 names/));
   await assert.rejects(open({labels: {...LABELS, extra: 1}}), refused(/unknown key "extra"/));
-  await assert.rejects(open({labels: {...LABELS, intents: ["a", "a", "c"]}}), refused(/intents: expected/));
+  await assert.rejects(open({labels: {...LABELS, intents: ["a", "a", "c"]}}),
+    refused(/^labels.json: intents: \["a","a","c"\] is not a list of unique non-empty names$/));
   // intent-only: [] (S = 0, no tags output); and the build's own form
   const pkg = await open({m: manifest({S: 0}), labels: {...LABELS, slot_tags: []}});
   assert.deepEqual(await predict(pkg, "play"), {intent: "a", confidence: 0.75, slots: []});
@@ -276,6 +277,15 @@ test("R6, R7: 32 T zero-width characters before a word say nothing: no model cal
   assert.equal(pkg.session.calls.length, 0);
 });
 
+test("Tokenization step 3: U+0000 is removed before SentencePiece: NUL alone says nothing, inside a word it is gone",
+  async () => {
+    const pkg = await open();
+    const answer = await predict(pkg, "\0 \0\0");
+    assert.deepEqual(answer, {intent: "oos", confidence: 0, slots: [], tags: ["O", "O"], path_confidence: 0});
+    assert.equal(pkg.session.calls.length, 0);
+    assert.deepEqual(tokenize(pkg, "pl\0ay q\0").ids, tokenize(pkg, "play q").ids);
+  });
+
 test("R7: a word encoded as <unk> says something; a word with no pieces does not", async () => {
   const pkg = await open({k: 2, tags: [0, 0]});
   assert.equal(tokenize(pkg, "§").said, true);
@@ -323,12 +333,12 @@ test("R8: a manifest with bool masks (or other types) under schema 4 is refused"
   for (const [k, dtype] of [[3, "bool"], [4, "bool"], [4, "uint8"], [0, "int32"]]) {
     const m = manifest();
     m.inputs[k].dtype = dtype;
-    const pattern = new RegExp(`^manifest.json: inputs.${k}: expected \\w+ (int64|int32)`);
+    const pattern = new RegExp(`^manifest.json: inputs.${k}.dtype: "${dtype}" is not "(int64|int32)"$`);
     assert.throws(() => checkManifest(m), refused(pattern));
   }
   const m = manifest();
   [m.inputs[0], m.inputs[1]] = [m.inputs[1], m.inputs[0]];
-  assert.throws(() => checkManifest(m), refused(/inputs.0: expected input_ids int64/));
+  assert.throws(() => checkManifest(m), refused(/^manifest.json: inputs.0.name: "attention_mask" is not "input_ids"$/));
   assert.throws(() => checkManifest({...manifest(), outputs: ["intent", "confidence"]}),
     refused(/^manifest.json: outputs/));
   assert.throws(() => checkManifest({...manifest(), outputs: ["intent", "confidence", "tags"]}),  // schema 3's
@@ -356,14 +366,15 @@ test("R9: input shapes are exactly the phone's or the server's", () => {
   for (const [k, shape] of phone) {
     const m = manifest();
     m.inputs[k].shape = shape;
-    assert.throws(() => checkManifest(m), refused(/^manifest.json: inputs.\d: \w+ has shape/),
+    assert.throws(() => checkManifest(m), refused(/^manifest.json: inputs.\d.shape: .* is not \[.*\] \(a /),
       `${k} ${JSON.stringify(shape)}`);
   }
   const server = [[0, [1, 8]], [3, [3]], [3, ["batch", 4]], [4, [1]], [4, ["batch", 1]], [2, ["batch", 8]]];
   for (const [k, shape] of server) {
     const m = manifest({server: true});
     m.inputs[k].shape = shape;
-    assert.throws(() => checkManifest(m), refused(/has shape/), `${k} ${JSON.stringify(shape)}`);
+    assert.throws(() => checkManifest(m), refused(/^manifest.json: inputs.\d.shape: .* is not /),
+      `${k} ${JSON.stringify(shape)}`);
   }
   assert.deepEqual(checkManifest(manifest()).shapes, [[1, 8], [1, 8], [1, 6], [3], [1]]);
 });
@@ -386,8 +397,9 @@ test("R10: seq_axis \"fixed\" and (server) \"dynamic\" are read; the client alwa
   checkManifest({...manifest({server: true}), seq_axis: "fixed"});
   assert.throws(() => checkManifest({...manifest(), seq_axis: "dynamic"}),
     refused(/seq_axis: dynamic needs a batched/));
-  assert.throws(() => checkManifest({...manifest(), seq_axis: "static"}), refused(/seq_axis: expected/));
-  assert.throws(() => checkManifest({...manifest(), seq_axis: null}), refused(/seq_axis: expected/));
+  assert.throws(() => checkManifest({...manifest(), seq_axis: "static"}),
+    refused(/^manifest.json: seq_axis: "static" is not "fixed" or "dynamic"$/));
+  assert.throws(() => checkManifest({...manifest(), seq_axis: null}), refused(/^manifest.json: seq_axis: null is not/));
   const pkg = await open({m: {...manifest({server: true}), seq_axis: "dynamic"}});
   await predict(pkg, "play");
   assert.deepEqual(pkg.session.calls[0].input_ids.dims, [1, 8]);
@@ -465,7 +477,7 @@ test("R14: an allow list must name an intent the graph can choose (decoding.allo
   m.decoding.allowed_intents = ["a", "z"];
   await assert.rejects(open({m}), refused(/^labels.json: intents has no "z", which decoding.allowed_intents names/));
   m.decoding.allowed_intents = [];
-  assert.throws(() => checkManifest(m), refused(/decoding.allowed_intents: expected null or a non-empty list/));
+  assert.throws(() => checkManifest(m), refused(/^manifest.json: decoding.allowed_intents: \[\] is not a non-empty list/));
 });
 
 test("arguments: text a string, reject true or false", async () => {
@@ -477,17 +489,121 @@ test("arguments: text a string, reject true or false", async () => {
 
 test("the manifest's other fields this client reads: files, models, tokenizer", () => {
   const cases = [
-    [(m) => { m.models = {executorch: "model.pte"}; }, /models: no onnx model/],
+    [(m) => { m.models = {executorch: "model.pte"}; },
+      /^manifest.json: models.onnx: missing \(this client runs the ONNX model; the package has \["executorch"\]\)$/],
     [(m) => { delete m.files["labels.json"]; }, /"labels.json" is not a file name listed in files/],
     [(m) => { m.labels = "../labels.json"; }, /is not a file name listed in files/],
     [(m) => { m.labels = "constructor"; }, /"constructor" is not a file name listed in files/],  // not inherited
-    [(m) => { m.tokenizer.normalizer = "nfkc"; }, /tokenizer.normalizer: expected edgekit_bert_basic/],
-    [(m) => { delete m.tokenizer; }, /tokenizer.type: missing/],
-    [(m) => { delete m.decoding.oos_answer; }, /decoding.oos_answer: missing/],
+    [(m) => { m.tokenizer.normalizer = "nfkc"; }, /tokenizer.normalizer: "nfkc" is not "edgekit_bert_basic"/],
+    [(m) => { delete m.tokenizer; }, /^manifest.json: tokenizer: missing$/],
+    [(m) => { delete m.decoding.oos_answer; }, /^manifest.json: decoding.oos_answer: missing$/],
   ];
   for (const [edit, pattern] of cases) {
     const m = manifest();
     edit(m);
     assert.throws(() => checkManifest(m), refused(pattern), String(pattern));
   }
+});
+
+// --- every field this client reads, set to each JSON type -------------------------------------------------------
+
+const JSON_TYPES = [["null", null], ["true", true], ["0", 0], ["1.5", 1.5], ['"x"', "x"], ["[]", []], ["[4]", [4]],
+  ["{}", {}]];
+const MISSING = Symbol("missing");
+/** A JSON value's type as the schema names it ("integer" for 0, "number" for 1.5). */
+const typeOf = (v) => (v === null ? "null" : Array.isArray(v) ? "array" : Number.isInteger(v) ? "integer" : typeof v);
+
+/** A copy of `json` with the field at the dotted `path` set to `value` (MISSING: removed). */
+function edited(json, path, value) {
+  const copy = structuredClone(json), keys = path.split("."), last = keys.pop();
+  const parent = keys.reduce((o, key) => o[key], copy);
+  if (value === MISSING) delete parent[last];
+  else parent[last] = structuredClone(value);
+  return copy;
+}
+
+/** What a caller does with a package (checkManifest, sessionOptions, openPackage, predict): "opened" or the error. */
+async function outcome(m, labels = LABELS) {
+  try {
+    checkManifest(m);
+    sessionOptions(m);
+    await predict(await open({m, labels}), "play queen");
+    return "opened";
+  } catch (err) {
+    return err;
+  }
+}
+
+/** [path, the schema's types for it, {reported: the field the message names (default: path), optional, base}] */
+const MANIFEST_FIELDS = [
+  ["max_len", ["integer"]], ["profile", ["string"]], ["schema", ["string"]], ["labels", ["string"]],
+  ["label_sets", ["object"]], ["label_sets.intents", ["integer"]], ["label_sets.slot_tags", ["integer"]],
+  ["tokenizer", ["object"]], ["tokenizer.type", ["string"]], ["tokenizer.file", ["string"]],
+  ["tokenizer.normalizer", ["string"]], ["tokenizer.vocab_size", ["integer"]], ["tokenizer.special_ids", ["object"]],
+  ...["pad", "unk", "cls", "sep"].map((key) => [`tokenizer.special_ids.${key}`, ["integer"]]),
+  ["inputs", ["array"]], ["inputs.0", ["object"]], ["inputs.4", ["object"]], ["inputs.0.name", ["string"]],
+  ["inputs.3.dtype", ["string"]], ["inputs.0.shape", ["array"]], ["inputs.4.shape", ["array"]],
+  ["inputs.0.shape.1", ["integer"], {reported: "inputs.0.shape"}],
+  ["inputs.3.shape.0", ["integer"], {reported: "inputs.3.shape"}],
+  ["outputs", ["array"]], ["outputs.0", ["string"], {reported: "outputs"}],
+  ["seq_axis", ["string"], {optional: true}],
+  ["onnx_disabled_optimizers", ["array"], {optional: true}],
+  ["onnx_disabled_optimizers.0", ["string"], {base: {onnx_disabled_optimizers: ["SkipLayerNormFusion"]}}],
+  ["decoding", ["object"]], ["decoding.oos_id", ["integer"]], ["decoding.oos_answer", ["string"]],
+  ["decoding.allowed_intents", ["array", "null"]],
+  ["decoding.allowed_intents.0", ["string"], {base: {decoding: {...manifest().decoding, allowed_intents: ["a"]}}}],
+  ["models", ["object"]], ["models.onnx", ["string"]], ["files", ["object"]],
+];
+const LABELS_FIELDS = [
+  ["intents", ["array"]], ["intents.0", ["string"], {reported: "intents"}],
+  ["slot_tags", ["array"]], ["slot_tags.1", ["string"], {reported: "slot_tags"}],
+  ["oos_label", ["string", "null"], {optional: true}],
+];
+
+/** Each field of `fields` in `file` set to each JSON type, and removed: a wrong type (or a required field removed)
+ * is a PackageError naming that field, `FILE: FIELD: ...`; a right type opens or is a PackageError; nothing is
+ * ever another error. Answers the cases that broke this, one line each. */
+async function typeFailures(file, fields) {
+  const failures = [];
+  for (const [path, types, {reported = path, optional = false, base = {}} = {}] of fields) {
+    const element = /\.\d+$/.test(path);  // an array's item: removing it is not a type case
+    for (const [name, value] of [...JSON_TYPES, ...(element ? [] : [["missing", MISSING]])]) {
+      const wrong = value === MISSING ? !optional : !types.includes(typeOf(value));
+      const got = file === "manifest.json" ? await outcome(edited({...manifest(), ...base}, path, value))
+        : await outcome(manifest(), edited(LABELS, path, value));
+      const want = `${file}: ${reported}: ${value === MISSING ? "missing" : ""}`;
+      const what = got === "opened" ? "opened" : `${got.constructor.name}: ${got.message}`;
+      if (got !== "opened" && !(got instanceof PackageError)) failures.push(`${path} = ${name}: ${what}`);
+      else if (wrong && !(got instanceof PackageError && got.message.startsWith(want))) {
+        failures.push(`${path} = ${name}: ${what} (expected a PackageError "${want}...")`);
+      }
+    }
+  }
+  return failures;
+}
+
+test("types: every manifest field the client reads, set to each JSON type or removed, is refused by name", async () => {
+  assert.equal(await outcome(manifest()), "opened");
+  assert.equal(await outcome({...manifest(), onnx_disabled_optimizers: ["SkipLayerNormFusion"]}), "opened");
+  assert.deepEqual(await typeFailures("manifest.json", MANIFEST_FIELDS), []);
+  for (const [, value] of JSON_TYPES.filter(([, v]) => typeOf(v) !== "object")) {
+    assert.throws(() => checkManifest(value), {name: "Error", message: "manifest.json: expected a JSON object"});
+  }
+});
+
+test("types: labels.json's fields, set to each JSON type or removed, are refused by name", async () => {
+  assert.deepEqual(await typeFailures("labels.json", LABELS_FIELDS), []);
+  for (const [, value] of JSON_TYPES.filter(([, v]) => typeOf(v) !== "object")) {
+    await assert.rejects(open({labels: value}), refused(/^labels.json: expected a JSON object$/));
+  }
+});
+
+test("R2: a schema_version of another JSON type is refused with the spec's line, the value as JSON", () => {
+  for (const [v, shown] of [[[4], "[4]"], ["4", '"4"'], [true, "true"], [false, "false"], [null, "null"], [{}, "{}"],
+    [4.5, "4.5"], [[], "[]"]]) {
+    assert.throws(() => checkManifest({...manifest(), schema_version: v}), (err) => err instanceof PackageError &&
+      err.message === `manifest.json: schema_version ${shown}, this client reads 4`, shown);
+  }
+  assert.equal(checkManifest(json(JSON.stringify(manifest()).replace('"schema_version":4', '"schema_version":4.0'))).T,
+    8);  // 4.0 is the number 4 (R3)
 });

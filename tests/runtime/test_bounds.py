@@ -65,7 +65,7 @@ def valid(ans: dict, pred: Predictor, text: str) -> None:
     read, one tag per word of the text read."""
     assert ans["intent"] in pred.labels["intents"] + ["oos"]
     kept = split_words(text[: max_chars(pred.max_len)])[: pred.tokenizer.encode(text, pred.max_len).n_words_kept]
-    if any(pred.tokenizer.sp.encode(word) for word, _, _ in kept):  # SentencePiece itself, not Encoding.empty
+    if any(pred.tokenizer.encode_word(word) for word, _, _ in kept):  # SentencePiece (NUL removed), not Encoding.empty
         assert 0 < ans["confidence"] <= 1
     else:
         assert ans["intent"] == "oos" and ans["confidence"] == 0.0 and ans["slots"] == []
