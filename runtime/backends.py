@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,19 +22,23 @@ _ET_THREADS: int | None = None  # the pool's size, once this module has set it
 _ET_LOADED = False  # a program is loaded: the pool is fixed from now on
 _ET = None  # ExecuTorch's native runtime module, once loaded (executorch_native)
 _ET_QUANTIZED = ""  # why the quantized kernels could not be loaded, if they could not
-# One lock for every ExecuTorch step that is not a method call: the native init, the pool's reset and program loads.
-# Resetting the pool while another thread loads a program hung the process (issue 55: 3 of 20 runs of 16 threads).
-# A bounded wait: a load that never returns would otherwise hang every later open too.
+# One lock for every ExecuTorch step that is not a method call: the native init, the pool's reset, program and
+# method loads. Resetting the pool while another thread loaded a program hung the process (issue 55: 3 of 20 runs
+# of 16 threads). The wait is bounded: a load that never returned would otherwise hang every later open too.
 _ET_LOCK = threading.Lock()
 LOCK_WAIT_S = 120.0
 
 
+class ThreadsError(ValueError):
+    """A thread count ExecuTorch's process-wide pool cannot take now: the caller's value, not the package's fault."""
+
+
 class _Locked:
-    """`with _Locked():` holds _ET_LOCK, or raises after LOCK_WAIT_S instead of waiting forever."""
+    """`with _Locked():` holds _ET_LOCK, or raises PackageError after LOCK_WAIT_S instead of waiting forever."""
 
     def __enter__(self):
         if not _ET_LOCK.acquire(timeout=LOCK_WAIT_S):
-            raise RuntimeError(f"another thread has held ExecuTorch's load lock for over {LOCK_WAIT_S:g} s")
+            raise PackageError(f"ExecuTorch: another thread has held its load lock for over {LOCK_WAIT_S:g} s")
 
     def __exit__(self, *exc):
         _ET_LOCK.release()
@@ -69,19 +74,25 @@ def executorch_native():
     return _ET
 
 
-def _quiet_reset(et, n: int) -> None:
-    """Reset the pool to n threads with fd 2 sent to /dev/null, under _ET_LOCK. The pool's first use probes the CPU
-    and each reset says so, on fd 2 (cpuinfo_utils.cpp, threadpool.cpp); nothing else ExecuTorch does at load
-    prints. So fd 2 is swapped only here: once a process in practice (the first open), a few milliseconds, and
-    never by two threads at once (interleaved swaps left fd 2 on /dev/null for good: 17 of 20 runs)."""
-    if os.environ.get("EDGEKIT_NATIVE_LOGS"):
-        et._unsafe_reset_threadpool(n)
+@contextmanager
+def _quiet():
+    """fd 2 sent to /dev/null, under _ET_LOCK only. ExecuTorch prints to fd 2 from C++ (CPU probing when its pool is
+    first made, each reset, a load's verification failure before the error it raises), past Python's sys.stderr,
+    so only fd 2 itself can quiet it. Under the lock no two swaps interleave (interleaved swaps left fd 2 on
+    /dev/null for good: 17 of 20 runs); another thread's own writes to fd 2 during a load (milliseconds) are lost.
+    EDGEKIT_NATIVE_LOGS=1 keeps them all; a process without an fd 2 is left as it is."""
+    assert _ET_LOCK.locked()
+    try:
+        saved = None if os.environ.get("EDGEKIT_NATIVE_LOGS") else os.dup(2)
+    except OSError:  # fd 2 closed (a daemon): nothing to quiet
+        saved = None
+    if saved is None:
+        yield
         return
-    saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
     try:
-        et._unsafe_reset_threadpool(n)
+        yield
     finally:
         os.dup2(saved, 2)
         os.close(saved)
@@ -90,21 +101,23 @@ def _quiet_reset(et, n: int) -> None:
 
 def _fix_pool(et, n: int | None) -> None:
     """Under _ET_LOCK: the pool at n threads (None: as it is; 1 before the first load, the phone-like default for
-    one utterance), refused once a program is loaded with another count; then no later change."""
-    global _ET_THREADS, _ET_LOADED
+    one utterance). ThreadsError once a program is loaded and n is another count: the programs loaded keep the pool
+    they were made with."""
+    global _ET_THREADS
     if _ET_THREADS is None or (n is not None and n != _ET_THREADS):
         if _ET_LOADED:
-            raise ValueError(f"threads: ExecuTorch's thread pool is process-wide and holds {_ET_THREADS} since a "
-                             f"program was loaded; it cannot become {n} (open with threads={_ET_THREADS} or None)")
+            raise ThreadsError(f"threads: ExecuTorch's thread pool is process-wide and holds {_ET_THREADS} since a "
+                               f"program was loaded; it cannot become {n} (open with threads={_ET_THREADS} or None)")
         want = 1 if n is None else n
-        _quiet_reset(et, want)
+        with _quiet():
+            et._unsafe_reset_threadpool(want)
         _ET_THREADS = want
 
 
 def set_threads(n: int) -> None:
-    """Set XNNPACK's thread pool size for this process. Only allowed before any .pte is loaded (ValueError after,
-    unless n is already the pool's size)."""
-    et = executorch_native()  # outside the quiet block: a loader message must reach the user
+    """Set XNNPACK's thread pool size for this process. Only allowed before any .pte is loaded (ThreadsError, a
+    ValueError, after, unless n is already the pool's size)."""
+    et = executorch_native()  # outside the lock: a loader message must reach the user
     with _Locked():
         _fix_pool(et, n)
 
@@ -116,22 +129,22 @@ def et_threads() -> int | None:
     return int(executorch_native()._threadpool_get_thread_count())
 
 
-def _model_bytes(src: str | Path | bytes) -> bytes:
-    """A model's bytes: held ones as they are, a path read whole (the loaders never map a file)."""
-    return src if isinstance(src, bytes) else Path(src).read_bytes()
-
-
 def load_program(src: str | Path | bytes, threads: int | None = None):
-    """A `.pte`'s (program, bytes) from its path or bytes: its methods not loaded (their metadata readable), the
-    thread pool fixed first (set_threads). Keep the bytes as long as the program: it runs from them."""
+    """A `.pte`'s (program, bytes) from its path or bytes (a path is read whole: no loader maps a file), its methods
+    not loaded (their metadata readable). The pool is fixed first, in the same hold of the lock, so that no other
+    open changes it in between (ThreadsError). The loader verifies the program's structure (InternalConsistency):
+    a damaged file is its RuntimeError here, never a crash later. Keep the bytes as long as the program: it runs
+    from them."""
+    global _ET_LOADED
     et = executorch_native()
-    data = _model_bytes(src)
+    data = src if isinstance(src, bytes) else Path(src).read_bytes()
     with _Locked():
         _fix_pool(et, threads)
-        global _ET_LOADED
-        _ET_LOADED = True
-        return et._load_program_from_buffer(data, enable_etdump=False, debug_buffer_size=0,
-                                            program_verification=et.Verification.InternalConsistency), data
+        with _quiet():
+            program = et._load_program_from_buffer(data, enable_etdump=False, debug_buffer_size=0,
+                                                   program_verification=et.Verification.InternalConsistency)
+        _ET_LOADED = True  # after the load: a file that fails to load leaves the pool free
+    return program, data
 
 
 class ExecuTorchBackend:
@@ -143,16 +156,13 @@ class ExecuTorchBackend:
     def __init__(self, src: str | Path | bytes, method: str = "forward", shared: "ExecuTorchBackend | None" = None,
                  threads: int | None = None, file: str | None = None):
         self.file = file or (Path(src).name if not isinstance(src, bytes) else "model.pte")
-        if shared is None:  # the pool first: a refused thread count is the caller's ValueError, not the package's
-            et = executorch_native()
-            with _Locked():
-                _fix_pool(et, threads)
-        # `shared`: the backend of another method of the same loaded .pte (length buckets). The loader verifies the
-        # program's structure (InternalConsistency), so a damaged file is an error here, never a crash later.
+        # `shared`: the backend of another method of the same loaded .pte (length buckets)
         try:
-            self.program, self._bytes = (shared.program, shared._bytes) if shared else load_program(src)
-            with _Locked():
+            self.program, self._bytes = (shared.program, shared._bytes) if shared else load_program(src, threads)
+            with _Locked(), _quiet():
                 self.method = self.program.load_method(method)
+        except ThreadsError:
+            raise
         except (RuntimeError, ValueError) as e:
             why = f"; {_ET_QUANTIZED}" if _ET_QUANTIZED else ""
             raise PackageError(f"{self.file}: ExecuTorch cannot load {method!r} ({_first_line(e)}{why})") from None
@@ -205,9 +215,13 @@ class OnnxBackend:
         self.dynamic_seq = dynamic_seq
         self.file = file or (Path(path).name if not isinstance(path, bytes) else "model.onnx")
         try:  # from bytes as given (a package's, held since its sha256 was checked), else the file
-            self.session = ort.InferenceSession(path if isinstance(path, bytes) else str(path), so, providers=[p for p, _ in chosen],
+            self.session = ort.InferenceSession(path if isinstance(path, bytes) else str(path), so,
+                                                providers=[p for p, _ in chosen],
                                                 provider_options=[o for _, o in chosen],
                                                 disabled_optimizers=disabled_optimizers or [])
+            # The Python wrapper keeps the bytes it was given (for a provider reset, which edgekit never asks) while
+            # the session holds its own parsed copy: dropped, an open costs the model's size once, not twice.
+            self.session._model_bytes = None
         except Exception as e:  # onnxruntime's own exception types (InvalidProtobuf, Fail, ...) share no base
             if type(e).__module__.startswith("onnxruntime"):
                 raise PackageError(f"{self.file}: ONNX Runtime cannot load it ({_first_line(e)})") from None
@@ -271,6 +285,11 @@ class Bucketed:
     def __init__(self, runners: dict[int, object]):
         self.runners, self.lengths = runners, sorted(runners)
         self.name = runners[self.lengths[-1]].name
+
+    @property
+    def threads(self) -> int | None:
+        """The threads its graphs run on (one pool for all of them on ExecuTorch)."""
+        return getattr(self.runners[self.lengths[-1]], "threads", None)
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Inputs at the package's full length (attention_mask second, as in the manifest)."""

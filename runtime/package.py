@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from edgekit.runtime.errors import PackageError
 from edgekit.runtime.jsonfile import LABELS_BYTES, MANIFEST_BYTES, JSONFileError, loads, read_bounded
@@ -48,12 +50,12 @@ def package_dir(root: str | Path) -> Path:
 MAX_FILE_BYTES = (2 << 30) - 1  # 2 GiB: one protobuf (an ONNX model without external data) holds no more
 
 
-def sha256(path: Path | bytes) -> str:
-    """The hex sha256 of a file (streamed) or of bytes already read."""
+def sha256(path: Path | bytes | BinaryIO) -> str:
+    """The hex sha256 of a file (a path or an open file, streamed from where it stands) or of bytes already read."""
     if isinstance(path, bytes):
         return hashlib.sha256(path).hexdigest()
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(path, "rb") if isinstance(path, (str, Path)) else nullcontext(path) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -179,37 +181,48 @@ def check_labels(labels: object, m: dict, where: str | Path = "labels.json") -> 
     return labels
 
 
-def _check_files(root: Path, m: dict, verify: bool, hold: set[str]) -> dict[str, bytes]:
-    """Each file the manifest lists: present, a plain file inside the folder (no link out), its size as the manifest
-    says (from the size alone, before a byte is read), its sha256 (unless not `verify`). The files named in `hold`
-    are read into memory once, and their sha256 is always checked on those very bytes: {name: bytes}."""
-    inside, held = root.resolve(), {}
-    for name, meta in m["files"].items():
-        f = root / name
-        if not f.is_file():
-            raise PackageError(f"{f}: listed in the manifest but missing")
-        if f.resolve().parent != inside:
-            raise PackageError(f"{f}: a link that leaves the package folder")
-        with open(f, "rb") as fh:  # one open file: its size, then its bytes, cannot be two different files
+def _check_files(root: Path, m: dict, verify: bool, hold: set[str], have: dict[str, bytes]) -> dict[str, bytes]:
+    """Each file the manifest lists: present, a plain file inside the folder (no link out), and every one's size as
+    the manifest says, from the open file before a byte of any is read (an 8 GiB sparse file costs nothing); then
+    each one's sha256 (unless not `verify`), read from that same open file. The files named in `hold` are read into
+    memory once and their sha256 is always checked, on those very bytes. `have`: files already held and checked,
+    kept as they are. -> every held file's {name: bytes}."""
+    inside, opened, held = root.resolve(), {}, dict(have)
+    try:
+        for name, meta in m["files"].items():
+            if name in have:
+                continue
+            f = root / name
+            if not f.is_file():
+                raise PackageError(f"{f}: listed in the manifest but missing")
+            if f.resolve().parent != inside:
+                raise PackageError(f"{f}: a link that leaves the package folder")
+            opened[name] = fh = open(f, "rb")
             size = os.fstat(fh.fileno()).st_size
             if size != meta["bytes"]:
                 raise PackageError(f"{f}: {size} bytes, the manifest says {meta['bytes']} (truncated or edited)")
+        for name, fh in opened.items():
+            meta = m["files"][name]
             if name in hold:
-                held[name] = data = fh.read(meta["bytes"] + 1)  # + 1: a file that grew meanwhile shows it
-                if len(data) != meta["bytes"]:
-                    raise PackageError(f"{f}: {len(data)} bytes read, the manifest says {meta['bytes']} (changed "
-                                       "while it was read)")
-        if (name in hold or verify) and sha256(held.get(name, f)) != meta["sha256"]:
-            raise PackageError(f"{f}: sha256 differs from the manifest (corrupted or edited)")
+                held[name] = fh.read(meta["bytes"] + 1)  # + 1: a file that grew meanwhile shows it
+                if len(held[name]) != meta["bytes"]:
+                    raise PackageError(f"{root / name}: {len(held[name])} bytes read, the manifest says "
+                                       f"{meta['bytes']} (changed while it was read)")
+            if (name in hold or verify) and sha256(held.get(name, fh)) != meta["sha256"]:
+                raise PackageError(f"{root / name}: sha256 differs from the manifest (corrupted or edited)")
+    finally:
+        for fh in opened.values():
+            fh.close()
     return held
 
 
-def _contents(root: Path, m: dict, verify: bool, hold: set[str]) -> tuple[dict, dict[str, bytes]]:
+def _contents(root: Path, m: dict, verify: bool, hold: set[str],
+              have: dict[str, bytes] | None = None) -> tuple[dict, dict[str, bytes]]:
     """The checks of Package.load past the manifest: the listed files (`_check_files`, those in `hold` read into
     memory), labels.json, the tokenizer and the models, each read from its held bytes where it has them ->
-    (labels, held)."""
+    (labels, held). have: files held already (Package.holding), read from those bytes and not again."""
     try:
-        held = _check_files(root, m, verify, hold)
+        held = _check_files(root, m, verify, hold, have or {})
         name = m["labels"]
         raw = held[name] if name in held else read_bounded(root / name, LABELS_BYTES, "labels file")
         labels = check_labels(loads(raw, root / name), m, root / name)
@@ -270,8 +283,8 @@ class Package:
         names = set(hold(self.manifest)) - set(self.held)
         if not names:
             return self
-        labels, held = _contents(self.root, self.manifest, False, names)
-        return Package(self.root, self.manifest, labels, self.digest, {**self.held, **held})
+        labels, held = _contents(self.root, self.manifest, False, names, self.held)
+        return Package(self.root, self.manifest, labels, self.digest, held)
 
     def strays(self) -> list[str]:
         """Files in the folder the manifest does not list (the build's report.json and report.md excepted)."""
@@ -284,6 +297,7 @@ class Package:
         if stray:
             raise PackageError(f"{self.root}: stray file {stray[0]!r} is not listed in the manifest"
                                + (f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""))
+
     @property
     def max_len(self) -> int:
         return int(self.manifest["max_len"])
@@ -324,6 +338,7 @@ class Package:
         return self.manifest.get("seq_axis") == "dynamic"
 
     def model_path(self, runtime: str) -> Path:
+        """The path of `runtime`'s model file (tools that time or profile it; a Predictor runs held bytes)."""
         models = self.manifest["models"]
         if runtime not in models:
             raise PackageError(f"{self.root}: no model for runtime {runtime!r} (has {', '.join(models)})")

@@ -30,13 +30,22 @@ from edgekit.runtime.tokenizer import Encoding, InputError, SentencePieceTokeniz
 
 log = logging.getLogger("edgekit.runtime")
 
+
 def load_tokenizer(pkg: Package) -> SentencePieceTokenizer:
     """The package's tokenizer.model, from its held bytes where the package has them (its normalizer does all
-    pre-tokenization; the manifest's schema has checked the type)."""
+    pre-tokenization; the manifest's schema has checked the type). A model SentencePiece cannot load (a damaged
+    normalizer table whose sha256 was recomputed) is a PackageError."""
+    from google.protobuf.message import DecodeError
+
     spec = pkg.manifest["tokenizer"]
     held = pkg.held.get(spec["file"])
-    tok = SentencePieceTokenizer(held, spec["lowercase"]) if held is not None else \
-        SentencePieceTokenizer.from_file(pkg.root / spec["file"], lowercase=spec["lowercase"])
+    try:
+        tok = SentencePieceTokenizer(held, spec["lowercase"]) if held is not None else \
+            SentencePieceTokenizer.from_file(pkg.root / spec["file"], lowercase=spec["lowercase"])
+        tok.normalizer  # parsed once here: its errors are the package's too
+    except (RuntimeError, OSError, ValueError, DecodeError) as e:
+        raise PackageError(f"{pkg.root / spec['file']}: SentencePiece cannot load it ({str(e).strip()[:200]})") \
+            from None
     if tok.normalizer != spec["normalizer"]:  # e.g. a model without the compiled pre-tokenizer: other ids, silently
         raise PackageError(f"{pkg.root / spec['file']}: normalizer {tok.normalizer!r}, the manifest's "
                            f"tokenizer.normalizer says {spec['normalizer']!r}")

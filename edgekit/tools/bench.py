@@ -77,6 +77,7 @@ def bench(package: str | Path, data: str | Path, runtime: str = "executorch", n:
     texts = [ex.text for ex in package_split(data, package, split, fmt)[:n]]
     pred = Predictor.open(pkg, runtime, threads=threads, providers=providers)
     out = {"package": str(package), "runtime": runtime, "provider": pred.provider, "threads": threads,
+           "runtime_threads": pred.threads,  # as the runtime reports them
            "n": len(texts), "split": split,
            "max_len": pkg.max_len, "package_bytes": sum(f["bytes"] for name, f in pkg.manifest["files"].items()
                                                          if name in (pkg.manifest["models"][runtime],

@@ -29,7 +29,7 @@ def etdump_available(pte: Path, inputs: list) -> bool:
     from executorch.extension.pybindings import portable_lib
 
     with tempfile.TemporaryDirectory() as d:
-        m = portable_lib._load_for_executorch(str(pte), enable_etdump=True)
+        m = portable_lib._load_for_executorch_from_buffer(Path(pte).read_bytes(), enable_etdump=True)  # no mapping
         m.run_method("forward", [torch.from_numpy(x) for x in inputs])
         m.write_etdump_result_to_file(str(Path(d) / "run.etdp"))
         return (Path(d) / "run.etdp").is_file()

@@ -79,6 +79,7 @@ def test_bucketed_package_answers_as_the_full_length_graph(bucketed_pte):
     full = open_backend("executorch", path)
     both = open_backend("executorch", path, buckets=rec.extra["buckets"])
     assert isinstance(both, Bucketed) and both.lengths == [8, T]
+    assert both.threads == full.threads is not None  # ExecuTorch's pool, read back through the buckets too
     for n in (3, 5, 8, 9, 14):
         x = decoded_inputs(n, seed=100 + n)
         a, b = full.run(*x), both.run(*x)

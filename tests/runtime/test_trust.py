@@ -140,7 +140,9 @@ def test_a_swapped_onnx_model_never_answers_under_the_pin(pkg, tmp_path):
     init = next(i for i in g.graph.initializer if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2)
     init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 2, init.name))
     onnx.save(g, root / "model.onnx")
-    Predictor.open(pkg, "onnx").predict("play queen")  # the original still answers
+    import onnxruntime as ort
+
+    ort.InferenceSession(str(root / "model.onnx"))  # the swapped graph is a valid model: only the pin refuses it
     for target in (loaded, root):
         with pytest.raises(PackageError, match="model.onnx: sha256 differs"):
             Predictor.open(target, "onnx", digest=loaded.digest)
@@ -221,6 +223,38 @@ def test_threads_are_honoured_on_executorch_or_refused_in_one_line(pkg):
     assert lines[2].startswith("threads: ExecuTorch's thread pool is process-wide and holds 2") and lines[3] == "2"
 
 
+RACE = """
+    import sys, threading
+    from edgekit.runtime import Predictor
+
+    root, got = sys.argv[1], {}
+    barrier = threading.Barrier(2)
+
+    def work(n):
+        barrier.wait()
+        try:
+            got[n] = Predictor.open(root, "executorch", threads=n).threads
+        except ValueError as e:
+            got[n] = str(e)[:40]
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in (2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(sorted(got.items(), key=lambda kv: isinstance(kv[1], str)))
+"""
+
+
+def test_two_first_opens_asking_other_thread_counts_at_once_get_theirs_or_a_refusal(pkg):
+    """The pool is set and the program loaded in one hold of the lock: no open is silently given another count."""
+    for _ in range(3):
+        r = child(RACE, pkg)
+        assert r.returncode == 0, r.stderr[-2000:]
+        (won, count), (lost, why) = eval(r.stdout.strip())
+        assert count == won and why == "threads: ExecuTorch's thread pool is pro", r.stdout
+
+
 # -- limits checked before the work ---------------------------------------------------------------------------
 
 
@@ -236,6 +270,19 @@ def test_verify_refuses_an_8_gib_sparse_file_from_its_size_in_under_a_second(pkg
     with pytest.raises(PackageError, match=f"model.onnx: {8 << 30} bytes, the manifest says"):
         Package.load(root)
     assert time.perf_counter() - t0 < 1.0
+    t0 = time.perf_counter()  # the same through `edgekit verify`, a real process (its start included)
+    out = verify(root)
+    assert out.returncode == 2 and "bytes, the manifest says" in out.stderr and time.perf_counter() - t0 < 15
+    with open(root / "model.pte", "ab") as f:  # listed first, and 8 GiB too: no file is hashed before all sizes
+        f.truncate(8 << 30)
+    (root / "model.onnx").write_bytes((pkg / "model.onnx").read_bytes())
+    t0 = time.perf_counter()
+    with pytest.raises(PackageError, match=f"model.pte: {8 << 30} bytes"):
+        Package.load(root)
+    assert time.perf_counter() - t0 < 1.0
+    (root / "model.pte").write_bytes((pkg / "model.pte").read_bytes())
+    with open(root / "model.onnx", "r+b") as f:
+        f.truncate(8 << 30)
     m["files"]["model.onnx"]["bytes"] = 8 << 30  # the manifest agrees: refused from the manifest alone
     (root / "manifest.json").write_text(json.dumps(m))
     t0 = time.perf_counter()
