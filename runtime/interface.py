@@ -44,10 +44,10 @@ def graph_types(path: str | Path) -> dict[str, dict[str, list[str]]]:
     from edgekit.runtime.backends import load_program
 
     try:
-        program, _ = load_program(path)
+        loaded = load_program(path)  # (program, bytes): the bytes stay alive while the program is read
     except (RuntimeError, ValueError) as e:
         raise PackageError(f"{path.name}: ExecuTorch cannot load it ({str(e).strip()[:200]})") from None
-    out = {}
+    program, out = loaded[0], {}
     for method in sorted(program.get_method_name(i) for i in range(program.num_methods())):
         meta = program.method_meta(method)
         out[method] = {"inputs": [_name(meta.input_tensor_meta(i).dtype(), "executorch")

@@ -29,7 +29,8 @@ def etdump_available(pte: Path, inputs: list) -> bool:
     from executorch.extension.pybindings import portable_lib
 
     with tempfile.TemporaryDirectory() as d:
-        m = portable_lib._load_for_executorch_from_buffer(Path(pte).read_bytes(), enable_etdump=True)  # no mapping
+        data = Path(pte).read_bytes()  # alive as long as the module: it runs from these bytes, never a mapping
+        m = portable_lib._load_for_executorch_from_buffer(data, enable_etdump=True)
         m.run_method("forward", [torch.from_numpy(x) for x in inputs])
         m.write_etdump_result_to_file(str(Path(d) / "run.etdp"))
         return (Path(d) / "run.etdp").is_file()
