@@ -21,6 +21,7 @@ from edgekit.converters.fuse import FuseConfig
 from edgekit.converters.optimize_onnx import ServerConfig
 from edgekit.converters.quantize_executorch import QuantizeConfig
 from edgekit.converters.transitions import TransitionConfig
+from edgekit.engine.limits import LimitsSettings
 from edgekit.engine.registry import ORDER, STAGES, AllBut
 from edgekit.engine.targets import Target, load_target, merge_tables
 from edgekit.errors import EdgekitError
@@ -164,7 +165,8 @@ class CascadeSettings:
 TABLES: dict[str, type] = {"teacher": TrainConfig, "compress": CompressConfig, "distill": DistillConfig,
                            "quantize": QuantizeConfig, "decoding": DecodingSettings, "budget": BudgetConfig,
                            "package": PackageSettings, "server": ServerConfig, "fuse": FuseConfig,
-                           "serve": ServeSettings, "network": NetworkSettings, "cascade": CascadeSettings}
+                           "serve": ServeSettings, "network": NetworkSettings, "cascade": CascadeSettings,
+                           "limits": LimitsSettings}
 MOVED = {"server.skip_layer_norm": "fuse.skip_layer_norm"}  # settings that moved table: where they went
 @dataclass
 class Settings:
@@ -180,6 +182,7 @@ class Settings:
     serve: ServeSettings
     network: NetworkSettings
     cascade: CascadeSettings
+    limits: LimitsSettings
 
     def to_dict(self) -> dict:
         return {name: dataclasses.asdict(getattr(self, name)) for name in TABLES}
@@ -350,4 +353,7 @@ def resolve(cfg: BuildConfig) -> tuple[Target, Settings]:
                            "has executorch, whose packages take one utterance per call)")
     if cfg.intents is not None and not cfg.intents:
         raise EdgekitError("--intents is empty")
+    if settings.limits.max_latency is not None and not settings.package.bench_utterances:
+        raise EdgekitError("limits.max_latency (--max-latency) is held against the p50 the package stage measures; "
+                           "package.bench_utterances = 0 measures none")
     return dataclasses.replace(target, stages=stages), settings

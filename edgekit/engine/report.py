@@ -29,8 +29,11 @@ def _rows(ctx: Context) -> list[dict]:
 
 def report(ctx: Context) -> dict:
     """report.json's content, from the typed results so far."""
+    from edgekit.engine.limits import held
+
     done = ctx.results()
     over = [r.record["extra"]["over_budget"] for _, r in done if r.record.get("extra", {}).get("over_budget")]
+    limits, missed = held(ctx.settings.limits, ctx.package.package, ctx.package.latency) if ctx.package else ({}, [])
     quant = ctx.quantize.record["extra"].get("quant_layers") if ctx.quantize else None
     return {"edgekit": __version__, "task": ctx.cfg.task, "target": ctx.target.name,
             "dataset": {**ctx.data.summary(), "lengths": ctx.length_stats}, "stages": _rows(ctx),
@@ -42,7 +45,8 @@ def report(ctx: Context) -> dict:
                        "strict": ctx.cfg.strict, "train_threads": torch_threads()},
             "budget": {"intent_drop_pts": ctx.settings.budget.intent_drop_pts,
                        "slot_f1_drop_pts": ctx.settings.budget.slot_f1_drop_pts},
-            "over_budget": over or None, "quant_layers": quant, "passes": [r.record for _, r in done]}
+            "limits": limits or None, "over_budget": over + missed or None, "quant_layers": quant,
+            "passes": [r.record for _, r in done]}
 
 
 def write(out: Path, rep: dict) -> None:

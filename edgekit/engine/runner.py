@@ -123,11 +123,11 @@ def _sizes(cfg: BuildConfig, data, folder: Path) -> tuple[int, int, Path]:
     return labels.stat().st_size, part.stat().st_size + MANIFEST_REST, labels
 
 
-def check_package_limits(cfg: BuildConfig, data, tokenizer, max_len: int, buckets: list[int], stages) -> None:
+def check_package_limits(cfg: BuildConfig, data, tokenizer, max_len: int, buckets: list[int], stages) -> int:
     """Refuse, before any training, data whose package the runtime would refuse on load (docs/package-format.md,
     "Checks on load"), in one line naming the data and the limit: labels.json's and the manifest's bytes, the
     label and piece counts and the sequence lengths against the manifest schema, and labels.json read as the
-    runtime reads it (strict JSON, labels.schema.json)."""
+    runtime reads it (strict JSON, labels.schema.json). -> labels.json's size."""
     from edgekit.runtime.jsonfile import JSONFileError, read_json
     from edgekit.runtime.package import LABELS_SCHEMA_PATH
     from edgekit.runtime.schemas import first_error
@@ -158,6 +158,18 @@ def check_package_limits(cfg: BuildConfig, data, tokenizer, max_len: int, bucket
             why = str(e).replace(str(labels), "labels.json")
     if why:
         raise EdgekitError(f"{where}: the package's labels.json would be refused by the runtime: {why}")
+    return labels_bytes
+
+
+def _size_floor(settings, labels_bytes: int) -> None:
+    """limits.max_size below the files every package of this data ships before any model: refused now."""
+    from edgekit.engine.limits import size_floor
+    from edgekit.runtime.package import SCHEMA_FILE, SCHEMA_PATH
+
+    try:
+        size_floor({SCHEMA_FILE: SCHEMA_PATH.stat().st_size, "labels.json": labels_bytes}, settings.limits.max_size)
+    except ValueError as e:
+        raise EdgekitError(f"limits.{e} (--max-size)") from None
 
 
 def prepare(cfg: BuildConfig) -> Context:
@@ -190,7 +202,8 @@ def prepare(cfg: BuildConfig) -> Context:
     unknown = [i for i in cfg.intents or [] if i not in data.intents]
     if unknown:
         raise EdgekitError(f"--intents: unknown intent {unknown[0]!r}; {cfg.data} has: {', '.join(data.intents)}")
-    check_package_limits(cfg, data, tokenizer, max_len, stats["buckets"], target.stages)
+    labels_bytes = check_package_limits(cfg, data, tokenizer, max_len, stats["buckets"], target.stages)
+    _size_floor(settings, labels_bytes)
     writable(Path(cfg.out), "--out")  # refused now, not after training (an empty OUT may stay)
     digest = input_digest(data, cfg.out, base, sp)
     ctx = Context(cfg, settings, target, data, Path(cfg.out), max_len, stats, tokenizer, rows, target.stages,

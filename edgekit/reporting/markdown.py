@@ -23,10 +23,25 @@ def _header(rep: dict) -> list[str]:
         lines.append(f"- {note}")
     strict = rep.get("config", {}).get("strict")
     for o in rep.get("over_budget") or []:
+        if o.get("budget", "").startswith("limits."):  # a size or latency budget ([limits]): held after the package
+            lines += ["", f"**Over budget.** {o['message']}. The package is written as built; no setting was changed "
+                      "to meet the budget (the passes' own settings decide the student's shape)."]
+            continue
         lines += ["", f"**Over budget.** {o['message']}. "
                   + ("--strict: no package was written for this build. " if strict else
                      "The package is that best try. ")
                   + "A looser budget reuses this stage's tries from the stage cache."]
+    lim = rep.get("limits") or {}
+    if lim:
+        said = []
+        if "size" in lim:
+            said.append(f"size {lim['size']['bytes']:,} bytes against {lim['size']['max_bytes']:,} "
+                        f"({'met' if lim['size']['met'] else 'missed'}; {lim['size']['counts']})")
+        if "latency" in lim:
+            p50 = lim["latency"]["p50_ms"]
+            said.append(f"p50 {'unmeasured' if p50 is None else f'{p50:.3f} ms'} against {lim['latency']['max_ms']:g} "
+                        f"ms ({'met' if lim['latency']['met'] else 'missed'}; {lim['latency']['where']})")
+        lines += ["", "Budgets ([limits]): " + "; ".join(said) + "."]
     reused = [r["name"] for r in rep["stages"] if r.get("reused")]
     if reused:
         lines += ["", f"Reused from the stage cache (inputs and settings unchanged): {', '.join(reused)}; their "
