@@ -78,7 +78,7 @@ def build(
     typer.echo(f"report: {out / 'report.md'}")
     if rep.get("over_budget"):
         for o in rep["over_budget"]:
-            done = ("the package is written as built, marked over budget" if o.get("budget", "").startswith("limits.")
+            done = ("the package is written as built, marked over budget" if str(o.get("budget", "")).startswith("limits.")
                     else "the package is the best try")
             typer.echo(f"over budget: {o['message']}; {done} (report.md says so)", err=True)
         sys.exit(OVER_BUDGET_EXIT)

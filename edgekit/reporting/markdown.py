@@ -23,7 +23,7 @@ def _header(rep: dict) -> list[str]:
         lines.append(f"- {note}")
     strict = rep.get("config", {}).get("strict")
     for o in rep.get("over_budget") or []:
-        if o.get("budget", "").startswith("limits."):  # a size or latency budget ([limits]): held after the package
+        if str(o.get("budget", "")).startswith("limits."):  # a size or latency budget ([limits]): held after the package
             lines += ["", f"**Over budget.** {o['message']}. The package is written as built; no setting was changed "
                       "to meet the budget (the passes' own settings decide the student's shape)."]
             continue

@@ -90,3 +90,19 @@ def test_a_missed_size_budget_exits_3_with_one_line_and_the_package_written(tmp_
     lines = [x for x in said.splitlines() if x.startswith("over budget:")]
     assert len(lines) == 1 and "limits.max_size: the package is" in lines[0] and "over the 10,000-byte" in lines[0]
     assert Package.load(out).manifest["models"] == {"onnx": "model.onnx"}
+
+
+def test_report_md_renders_an_accuracy_miss_beside_a_limits_miss():
+    """An accuracy gate's entry holds its budget as a table; a [limits] entry as the setting's name."""
+    from edgekit.reporting.markdown import _header
+
+    rep = {"dataset": {"name": "d", "source": "s", "format": "jsonl", "sizes": {"train": 1}, "intents": 2,
+                       "slot_tags": 0, "lengths": {"max_len": 8, "p99": 5, "truncated_share": 0.0}},
+           "target": "android", "task": "intent", "stages": [], "config": {"strict": False},
+           "limits": {"size": {"max_bytes": 10, "bytes": 20, "met": False, "counts": "executorch's files"}},
+           "over_budget": [{"stage": "distill", "budget": {"intent_drop_pts": 0.5}, "message": "distill missed"},
+                           {"stage": "package", "budget": "limits.max_size", "message": "limits.max_size: over"}]}
+    text = "\n".join(_header(rep))
+    assert "**Over budget.** distill missed. The package is that best try." in text
+    assert "**Over budget.** limits.max_size: over. The package is written as built" in text
+    assert "Budgets ([limits]): size 20 bytes against 10 (missed; executorch's files)." in text
