@@ -42,12 +42,12 @@ def load_tokenizer(pkg: Package) -> SentencePieceTokenizer:
     try:
         tok = SentencePieceTokenizer(held, spec["lowercase"]) if held is not None else \
             SentencePieceTokenizer.from_file(pkg.root / spec["file"], lowercase=spec["lowercase"])
-        tok.normalizer  # parsed once here: its errors are the package's too
+        normalizer = tok.normalizer  # the model parsed once, here: its errors are the package's too
     except (RuntimeError, OSError, ValueError, DecodeError) as e:
         raise PackageError(f"{pkg.root / spec['file']}: SentencePiece cannot load it ({str(e).strip()[:200]})") \
             from None
-    if tok.normalizer != spec["normalizer"]:  # e.g. a model without the compiled pre-tokenizer: other ids, silently
-        raise PackageError(f"{pkg.root / spec['file']}: normalizer {tok.normalizer!r}, the manifest's "
+    if normalizer != spec["normalizer"]:  # e.g. a model without the compiled pre-tokenizer: other ids, silently
+        raise PackageError(f"{pkg.root / spec['file']}: normalizer {normalizer!r}, the manifest's "
                            f"tokenizer.normalizer says {spec['normalizer']!r}")
     if tok.special_ids != spec["special_ids"]:
         raise PackageError(f"{pkg.root / spec['file']}: special ids {tok.special_ids}, the manifest's "

@@ -2,9 +2,7 @@
 API as in the CLI. Any field set to any JSON type: Predictor.open raises PackageError or answers; `edgekit predict`
 exits 0, or 2 with one line."""
 
-import contextlib
 import copy
-import io
 import json
 import subprocess
 import sys
@@ -17,6 +15,7 @@ from edgekit.runtime import Predictor
 from edgekit.runtime.package import PackageError
 
 from .test_bounds import build_small
+from .test_trust import copy_of
 
 JSON_VALUES = [None, True, False, 0, -1, 1.5, 2 ** 40, "", "x", "onnx", [], [4], ["x"], {}, {"a": 1}]
 
@@ -45,28 +44,15 @@ def set_at(m: dict, path: tuple, value) -> dict:
 
 
 def cli(args: list[str]) -> tuple[int, str]:
-    """The CLI's entry function in process: (exit code, what it printed)."""
-    from edgekit.cli import main
+    """The CLI's entry function in process (tests/cli/test_cli.py `run`): (exit code, what it printed)."""
+    from tests.cli.test_cli import run
 
-    argv, sys.argv = sys.argv, ["edgekit", *args]
-    err, out = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-            try:
-                main()
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = argv
-    return code, err.getvalue() + out.getvalue()
+    r = run(*args)
+    return r.returncode, r.stderr + r.stdout
 
 
 def test_every_manifest_field_of_every_json_type_is_a_package_error_or_an_answer(pkg, tmp_path):
-    root = tmp_path / "p"
-    root.mkdir()
-    for f in pkg.iterdir():
-        (root / f.name).write_bytes(f.read_bytes())
+    root = copy_of(pkg, tmp_path)
     good = json.loads((root / "manifest.json").read_text())
     fields = paths(good)
     seen = {"refused": 0, "answered": 0}
@@ -98,10 +84,7 @@ def test_every_manifest_field_of_every_json_type_is_a_package_error_or_an_answer
     ("schema_version", [4], "schema_version [4], this runtime reads 2, 3 and 4"),
 ])
 def test_wrong_types_that_escaped_are_one_line_in_predict_verify_and_open(pkg, tmp_path, field, value, words):
-    root = tmp_path / "p"
-    root.mkdir()
-    for f in pkg.iterdir():
-        (root / f.name).write_bytes(f.read_bytes())
+    root = copy_of(pkg, tmp_path)
     m = json.loads((root / "manifest.json").read_text())
     (root / "manifest.json").write_text(json.dumps({**m, field: value}))
     with pytest.raises(PackageError, match=words.replace("[", r"\[").replace("]", r"\]")):

@@ -4,11 +4,13 @@ host. Each case that could kill the process runs in a child process, whose exit 
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +27,11 @@ TEXTS = ["play queen on spotify", "wake me up at 7", "what is the weather in par
 @pytest.fixture(scope="module")
 def pkg(tmp_path_factory, tiny_bert):
     return build_small(tmp_path_factory.mktemp("trust"), tiny_bert)
+
+
+def copy_of(pkg, tmp_path):
+    """A copy of the module's package that a test may change."""
+    return Path(shutil.copytree(pkg, tmp_path / "p"))
 
 
 def child(code: str, *args, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -71,10 +78,7 @@ CHANGE = """
 @pytest.mark.parametrize("case", ["truncate", "overwrite", "copy", "swap"])
 def test_a_model_changed_under_an_open_predictor_changes_no_answer_and_never_kills_the_process(pkg, tmp_path, runtime,
                                                                                                 case):
-    root = tmp_path / "p"
-    root.mkdir()
-    for f in pkg.iterdir():
-        (root / f.name).write_bytes(f.read_bytes())
+    root = copy_of(pkg, tmp_path)
     model = {"executorch": "model.pte", "onnx": "model.onnx"}[runtime]
     r = child(CHANGE, root, runtime, case, model)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])  # SIGBUS was -7, SIGSEGV -11 (issue 55)
@@ -83,10 +87,7 @@ def test_a_model_changed_under_an_open_predictor_changes_no_answer_and_never_kil
 
 @pytest.mark.parametrize("name", ["tokenizer.model", "labels.json"])
 def test_the_tokenizer_and_labels_changed_under_an_open_predictor_change_no_answer(pkg, tmp_path, name):
-    root = tmp_path / "p"
-    root.mkdir()
-    for f in pkg.iterdir():
-        (root / f.name).write_bytes(f.read_bytes())
+    root = copy_of(pkg, tmp_path)
     for case in ("truncate", "swap"):
         r = child(CHANGE, root, "executorch", case, name)
         assert r.returncode == 0 and json.loads(r.stdout.splitlines()[-1]) == {"same": True}, r.stderr[-2000:]
@@ -116,10 +117,7 @@ PINNED = """
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_a_pinned_open_refuses_a_model_swapped_after_load_never_aborts(pkg, tmp_path, runtime):
-    root = tmp_path / "p"
-    root.mkdir()
-    for f in pkg.iterdir():
-        (root / f.name).write_bytes(f.read_bytes())
+    root = copy_of(pkg, tmp_path)
     r = child(PINNED, root, runtime, {"executorch": "model.pte", "onnx": "model.onnx"}[runtime])
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])  # a reversed .pte was SIGABRT
     lines = r.stdout.splitlines()
@@ -131,10 +129,7 @@ def test_a_swapped_onnx_model_never_answers_under_the_pin(pkg, tmp_path):
     import onnx
     from onnx import numpy_helper
 
-    root = tmp_path / "p"
-    root.mkdir()
-    for f in pkg.iterdir():
-        (root / f.name).write_bytes(f.read_bytes())
+    root = copy_of(pkg, tmp_path)
     loaded = Package.load(root)
     g = onnx.load(root / "model.onnx")
     init = next(i for i in g.graph.initializer if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2)
@@ -259,10 +254,7 @@ def test_two_first_opens_asking_other_thread_counts_at_once_get_theirs_or_a_refu
 
 
 def test_verify_refuses_an_8_gib_sparse_file_from_its_size_in_under_a_second(pkg, tmp_path):
-    root = tmp_path / "p"
-    root.mkdir()
-    for f in pkg.iterdir():
-        (root / f.name).write_bytes(f.read_bytes())
+    root = copy_of(pkg, tmp_path)
     m = json.loads((root / "manifest.json").read_text())
     with open(root / "model.onnx", "r+b") as f:
         f.truncate(8 << 30)  # sparse: no disk used
