@@ -57,6 +57,12 @@ class QuantizeConfig:
     method: str = "minmax"
     percentile: float = 99.9
     onnx_weight_only: bool = False
+    # ONNX Runtime's weights (quantize_onnx.OnnxWeights): 4 = MatMulNBits 4-bit for the weight4 Linears. Off by
+    # default: on this AVX2 CPU 26-40% slower than static INT8 at the same accuracy (docs/passes.md, export)
+    onnx_linear_bits: int = 8
+    onnx_block: int = 32
+    onnx_accuracy_level: int = 4
+    onnx_embedding_scales: str = "fp32"
 
     def __post_init__(self):
         if self.calib_samples < 1:
@@ -71,6 +77,16 @@ class QuantizeConfig:
             raise ValueError(f"percentile must be in (50, 100], got {self.percentile}")
         if self.intent_drop_pts < 0 or self.slot_f1_drop_pts < 0 or self.max_fallback < 0:
             raise ValueError("drop budgets and max_fallback must be >= 0")
+        try:
+            self.onnx_weights()
+        except ValueError as e:  # OnnxWeights names its field: onnx_ makes it this table's key
+            raise ValueError(f"onnx_{e}") from None
+
+    def onnx_weights(self):
+        """The ONNX Runtime weight settings as quantize_onnx takes them."""
+        from edgekit.converters.quantize_onnx import OnnxWeights  # here: quantize_onnx imports this module
+
+        return OnnxWeights(self.onnx_linear_bits, self.onnx_block, self.onnx_accuracy_level, self.onnx_embedding_scales)
 
 
 class QuantizedEmbedding(nn.Module):

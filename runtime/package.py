@@ -62,7 +62,8 @@ def sha256(path: Path | bytes | BinaryIO) -> str:
 
 
 # The build writes these beside the package (report and its plots, edgekit.reporting.plots.PLOTS); not part of it.
-REPORTS = ("report.json", "report.md", "oos_curve.png", "stages.png")
+REPORTS = ("report.json", "report.md", "oos_curve.png", "stages.png", "confusion.png", "frontier.png",
+           "label_issues.jsonl")
 
 
 # The manifest's numbers the schemas type "number", not "integer" (docs/package-format.md R3): every other number

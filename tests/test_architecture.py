@@ -57,7 +57,8 @@ def test_runtime_imports_only_itself(path):
     assert not bad, f"{path.name} imports {sorted(bad)}"
 
 
-NO_TORCH = ["edgekit.scoring.metrics", "edgekit.scoring.score", "edgekit.scoring.confidence",
+NO_TORCH = ["edgekit.scoring.metrics", "edgekit.scoring.score", "edgekit.scoring.confidence", "edgekit.scoring.labels",
+            "edgekit.data.check", "edgekit.engine.search", "edgekit.reporting.frontier",
             "edgekit.tools.package_eval", "edgekit.tools.compare", "edgekit.engine.registry", "edgekit.engine.cache",
             "edgekit.cli"]
 

@@ -11,12 +11,12 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli import build, cache, package, serving, tools  # noqa: F401  (their commands register on import)
+from edgekit.cli import build, cache, data, package, serving, tools  # noqa: F401  (their commands register on import)
 from edgekit.cli.options import COMMANDS, GROUPS, quiet
 from edgekit.errors import EdgekitError
 
-MENU = ("build", "predict", "eval", "bench", "serve", "web", "loadtest", "cache", "verify", "compare", "profile",
-        "doctor", "targets")
+MENU = ("build", "data", "predict", "eval", "bench", "serve", "web", "loadtest", "cache", "verify", "compare",
+        "profile", "doctor", "targets")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Build small, fast on-device intent + slot packages (ExecuTorch and ONNX Runtime).")

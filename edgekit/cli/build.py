@@ -50,6 +50,11 @@ def build(
     cache: CacheDir = None,
     strict: Annotated[bool, typer.Option(help="Fail with no package when the accuracy budget is not met (default: "
                                          "ship the best try marked over budget, exit code 3).")] = False,
+    strict_data: Annotated[bool, typer.Option(help="Fail before any training when the data check finds anything "
+                                              "(duplicates, leakage, label conflicts, ...: `edgekit data check`); "
+                                              "default: warn, and list them in report.json.")] = False,
+    label_issues: Annotated[bool, typer.Option(help="Search for mislabelled utterances before training: "
+                                               "OUT/label_issues.jsonl, its summary in report.json.")] = False,
     max_size: Annotated[Optional[str], typer.Option(help="Size budget of the package as the primary runtime ships "
                                                     "it, e.g. 2MB (B, KB, MB, KiB, MiB); limits.max_size. Missed: "
                                                     "the package is written, marked over budget, exit code 3.")] = None,
@@ -68,8 +73,10 @@ def build(
     logging.getLogger("torch").setLevel(logging.ERROR)
     cfg = BuildConfig(data=str(data), out=str(out), task=task, target=target, format=format,
                       base_model=base_model, config=str(config) if config else None,
-                      sets=list(set_ or []) + _limits(max_size=max_size, max_latency=max_latency), seed=seed, stages=stages.split(",") if stages else None,
-                      intents=names(intents), cache=str(cache) if cache else None, strict=strict)
+                      sets=list(set_ or []) + _limits(max_size=max_size, max_latency=max_latency), seed=seed,
+                      stages=stages.split(",") if stages else None,
+                      intents=names(intents), cache=str(cache) if cache else None, strict=strict,
+                      strict_data=strict_data, label_issues=label_issues)
     rep = run_build(cfg, on_stage=_show)
     lat = ", ".join(f"{k} p50 {v['p50_ms']:.2f} ms" for k, v in rep["latency"].items())
     typer.echo(f"package: {out} ({rep['package']['size_bytes']:,} bytes for {rep['package']['runtime']}); {lat}")

@@ -25,7 +25,8 @@ class Command:
 
 
 COMMANDS: list[Command] = []
-GROUPS = {"cache": "The stage cache: list or prune its entries."}  # group -> its one-line help
+GROUPS = {"cache": "The stage cache: list or prune its entries.",  # group -> its one-line help
+          "data": "A dataset checked before a build: duplicates, leakage, label conflicts, truncation."}
 
 
 def command(name: str | None = None, group: str | None = None):

@@ -78,12 +78,24 @@ def eval_(
                                                 "checkpointed.")] = True,
     allow_intents: AllowIntents = None,
     no_reject: NoReject = False,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="A folder for the evaluation's files: eval.json (this JSON), errors.jsonl (the answers not "
+        "an exact match, confident mistakes first), confusion.png, labels.md. Never the package folder.")] = None,
 ):
-    """Score a package by running it (tokenizer, runtime, decoder) on every utterance of a split."""
+    """Score a package by running it (tokenizer, runtime, decoder) on every utterance of a split.
+
+    The JSON has the overall figures and, under by_label, each intent's and slot type's precision, recall, F1 and
+    support, and the intents' confusion counts. With --out it is written to files, and one line says which."""
     from edgekit.tools.package_eval import evaluate_package
 
-    typer.echo(json.dumps(evaluate_package(package, data, runtime_of(runtime, package), split, format, compare_eager,
-                                           names(allow_intents), not no_reject), indent=2))
+    res = evaluate_package(package, data, runtime_of(runtime, package), split, format, compare_eager,
+                           names(allow_intents), not no_reject, out)
+    if out is None:
+        typer.echo(json.dumps(res, indent=2))
+        return
+    w = res["written"]
+    typer.echo(f"written: {w['eval']}, {w['errors']} ({w['errors_count']} answers not an exact match), "
+               f"{w['confusion']}, {w['labels']}")
 
 
 @command("bench")

@@ -253,10 +253,10 @@ def read_utterances(path: Path, limit: int | None = None) -> list[Example]:
     """Unlabelled utterances, one a line (blank lines skipped), as Examples without an intent or tags: text for a
     teacher to label (distill.unlabelled). At most `limit` of them, the first ones."""
     out = []
-    for _, text in text_lines(Path(path)):
+    for n, text in text_lines(Path(path)):
         words = text.split()
         if words:
-            out.append(Example(words, None))
+            out.append(Example(words, None, None, str(path), n))
             if limit is not None and len(out) >= limit:
                 break
     if not out:

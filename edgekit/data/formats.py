@@ -2,10 +2,11 @@
 one, and reads folders of split files with the CSV and JSONL readers).
 
 Each reader returns {split: [Example]} with whitespace words, one BIO tag per word (or None for intent-only data)
-and an intent. Bad input raises a DataError naming the file and the 1-based line (or the JSON field). A UTF-8
-byte order mark is accepted and dropped. Line files stream in: a line over MAX_LINE_BYTES is refused as soon as
-that much of it has come in, and a whole-file JSON over MAX_JSON_BYTES before it is read, so memory never holds
-more than one line beyond the examples read. docs/data-formats.md is the user's view of these rules.
+and an intent, each example with where it was read (Example.file and .line). Bad input raises a DataError naming the
+file and the 1-based line (or the JSON field). A UTF-8 byte order mark is accepted and dropped. Line files stream
+in: a line over MAX_LINE_BYTES is refused as soon as that much of it has come in, and a whole-file JSON over
+MAX_JSON_BYTES before it is read, so memory never holds more than one line beyond the examples read.
+docs/data-formats.md is the user's view of these rules.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import re
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgekit.errors import DataError
@@ -44,6 +45,11 @@ class Example:
     words: list[str]
     intent: str
     tags: list[str] | None = None  # one BIO tag per word; None when the data has no slots
+    # Where the example was read (None: made, not read). `line` is 1-based: JointBERT the line of seq.in, CSV the
+    # row's first line, JSONL the line; CLINC150 JSON the row's 1-based index in its list (train, oos_train, val,
+    # ...). Not part of equality, nor of any cache key: the same utterance read from elsewhere is the same data.
+    file: str | None = field(default=None, compare=False, repr=False)
+    line: int | None = field(default=None, compare=False, repr=False)
 
     @property
     def text(self) -> str:
@@ -189,7 +195,7 @@ def _read_jointbert_split(folder: Path) -> list[Example]:
         intent = intents[i].strip()
         if not intent:
             raise DataError(label, i + 1, "empty intent label")
-        out.append(Example(w, intent, t))
+        out.append(Example(w, intent, t, str(seq_in), i + 1))
     return out
 
 
@@ -235,7 +241,7 @@ def read_clinc(path: Path, notes: list[str] | None = None) -> dict[str, list[Exa
                         and row[1].strip()):
                     raise DataError(file, None, f"{k}[{j}]: expected [text, intent] (two strings, intent non-empty)")
                 if row[0].split():
-                    exs.append(Example(row[0].split(), row[1].strip()))
+                    exs.append(Example(row[0].split(), row[1].strip(), None, str(file), j + 1))
         if exs:
             out[split] = exs
     return out
@@ -317,7 +323,7 @@ def read_jsonl(path: Path, notes: list[str] | None = None, split: str | None = N
             words, tags = _spans_to_bio(path, i, row["text"], row["slots"] or [], snapped)
         else:
             words, tags = row["text"].split(), None
-        _assign(out, row.get("split"), path, i, Example(words, intent.strip(), tags), split)
+        _assign(out, row.get("split"), path, i, Example(words, intent.strip(), tags, str(path), i), split)
     if not out:
         raise DataError(path, 1, "file holds no examples")
     if any_slots:  # rows without a "slots" key mean "no slots in this utterance"
@@ -371,7 +377,7 @@ def _read_csv_rows(path: Path, reader, source: _CsvLines, header: list[str], out
     scol = header.index("split") if "split" in header else None
     first = line + 1
     for row in reader:
-        line = reader.line_num
+        line, start = reader.line_num, source.start  # the row's last line and its first (quoted breaks join lines)
         source.row_done(line)
         if not any(c.strip() for c in row):
             continue
@@ -380,6 +386,7 @@ def _read_csv_rows(path: Path, reader, source: _CsvLines, header: list[str], out
         words, label = row[tcol].split(), row[lcol].strip()
         if not words or not label:
             raise DataError(path, line, "empty text or label")
-        _assign(out, row[scol] if scol is not None else None, path, line, Example(words, label), split)
+        _assign(out, row[scol] if scol is not None else None, path, line, Example(words, label, None, str(path), start),
+                split)
     if not out:
         raise DataError(path, first, "file holds no examples")

@@ -23,6 +23,7 @@ from edgekit.converters.quantize_executorch import QuantizeConfig
 from edgekit.converters.transitions import TransitionConfig
 from edgekit.engine.limits import LimitsSettings
 from edgekit.engine.registry import ORDER, STAGES, AllBut
+from edgekit.engine.search import SearchSettings
 from edgekit.engine.targets import Target, load_target, merge_tables
 from edgekit.errors import EdgekitError
 from edgekit.modeling.training import TrainConfig
@@ -166,7 +167,7 @@ TABLES: dict[str, type] = {"teacher": TrainConfig, "compress": CompressConfig, "
                            "quantize": QuantizeConfig, "decoding": DecodingSettings, "budget": BudgetConfig,
                            "package": PackageSettings, "server": ServerConfig, "fuse": FuseConfig,
                            "serve": ServeSettings, "network": NetworkSettings, "cascade": CascadeSettings,
-                           "limits": LimitsSettings}
+                           "limits": LimitsSettings, "search": SearchSettings}
 MOVED = {"server.skip_layer_norm": "fuse.skip_layer_norm"}  # settings that moved table: where they went
 @dataclass
 class Settings:
@@ -183,6 +184,7 @@ class Settings:
     network: NetworkSettings
     cascade: CascadeSettings
     limits: LimitsSettings
+    search: SearchSettings
 
     def to_dict(self) -> dict:
         return {name: dataclasses.asdict(getattr(self, name)) for name in TABLES}
@@ -217,6 +219,8 @@ class BuildConfig:
     intents: list[str] | None = None  # build-time intent whitelist baked into the graph (None: all)
     cache: str | None = None  # default: $EDGEKIT_CACHE, else ~/.cache/edgekit
     strict: bool = False  # a missed accuracy budget fails with no package instead of shipping the best try
+    strict_data: bool = False  # any data check finding (edgekit.data.check) refuses the build before training
+    label_issues: bool = False  # run the label-issue search after the data check: OUT/label_issues.jsonl
     train_threads: int | None = None  # None: torch's own count (the physical cores, or $OMP_NUM_THREADS)
 
 

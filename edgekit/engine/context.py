@@ -56,6 +56,9 @@ class Context:
     fine_tuned: "Callable[[], TeacherResult] | None" = None
     unlabelled: list = field(default_factory=list)  # distill.unlabelled's utterances, read and checked by prepare
     unlabelled_dropped: int = 0  # of its lines, those equal to a dev or test utterance
+    data_check: dict | None = None  # the data check's summary (edgekit.data.check.summary), run by prepare
+    search: dict | None = None  # limits.max_size: the shapes the size search weighed and the one chosen (search.py)
+    label_issues: dict | None = None  # --label-issues: the search's summary; its rows in OUT/label_issues.jsonl
     trim_vocab: TrimResult | None = None
     prune: PruneResult | None = None
     distill: DistillResult | None = None

@@ -44,7 +44,8 @@ class StageSpec:
 
 # ONNX Runtime quantizes its own export, in the export stage: the [quantize] settings only it reads are not in the
 # quantize stage's key.
-ONNX_ONLY = ("method", "percentile", "onnx_weight_only")
+ONNX_ONLY = ("method", "percentile", "onnx_weight_only", "onnx_linear_bits", "onnx_block", "onnx_accuracy_level",
+             "onnx_embedding_scales")
 _EXPORT_FACTS = ("toolchain", "runtimes", "schema")
 SPECS: tuple[StageSpec, ...] = (
     StageSpec("teacher", {"teacher": "*"}, "TeacherResult", makes_model=True, facts=("assistant",)),

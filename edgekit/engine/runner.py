@@ -16,15 +16,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
+from edgekit.data.check import Lengths, check_dataset, choose_max_len, summary
 from edgekit.data.dataset import check_trainable, load_dataset, unlabelled_pool
-from edgekit.engine import registry
+from edgekit.engine import registry, search
 from edgekit.engine.cache import StageCache, default_dir
 from edgekit.engine.config import BuildConfig, resolve
 from edgekit.engine.context import Context
 from edgekit.engine.keys import input_digest, key_of
-from edgekit.engine.report import finish, plots_listed, report, torch_threads, write
+from edgekit.engine.report import LABEL_ISSUES, finish, plots_listed, report, torch_threads, write
 from edgekit.engine.results import ModelResult, StageResult, TeacherResult, result_type
 from edgekit.errors import EdgekitError
 from edgekit.modeling.pretrained import base_config, base_folder, max_positions, specials
@@ -34,17 +33,30 @@ from edgekit.text.wordpiece import WordPieceTokenizer
 log = logging.getLogger("edgekit")
 
 
-def choose_max_len(tokenizer, texts: list[str], cap: int, bucket_percentiles: list[int] = ()) -> tuple[int, dict]:
-    """p99 of piece counts ([CLS] and [SEP] included), rounded up to a multiple of 8, at most `cap`. Length
-    buckets: the `bucket_percentiles` of piece counts rounded up the same way, those below max_len (SNIPS: p50
-    12 -> 16, p90 19 -> 24 = max_len: buckets [16])."""
-    lengths = np.array([tokenizer.length(t) for t in texts])
-    p99 = float(np.percentile(lengths, 99))
-    L = min(cap, max(8, int(math.ceil(p99 / 8)) * 8))
-    buckets = {max(8, int(math.ceil(np.percentile(lengths, q) / 8)) * 8) for q in bucket_percentiles}
-    return L, {"p50": float(np.percentile(lengths, 50)), "p99": p99, "max": int(lengths.max()),
-               "truncated_share": float((lengths > L).mean()), "max_len": L,
-               "buckets": sorted(b for b in buckets if b < L)}
+def data_check(data, tokenizer, max_len: int, strict: bool) -> dict:
+    """The check `edgekit data check` runs, on the data as this build reads it, with its tokenizer and max_len:
+    its summary for report.json. With --strict-data any finding refuses the build here, before any training."""
+    findings = check_dataset(data, lengths=Lengths(max_len, tokenizer.length))
+    if findings and strict:
+        f = findings[0]
+        raise EdgekitError(f"--strict-data: {len(findings):,} data finding{'s' * (len(findings) != 1)} in "
+                           f"{data.source}; first: {f.where}: {f.kind}: {f.message} (edgekit data check "
+                           f"{data.source} lists them all)")
+    rep = summary(findings)
+    if findings:
+        log.warning("data check: %s (report.json data_check; edgekit data check %s lists them all)",
+                    ", ".join(f"{n} {k}" for k, n in rep["counts"].items()), data.source)
+    return rep
+
+
+def label_issues(ctx: Context) -> dict:
+    """--label-issues: the label-issue search (edgekit.data.label_issues) on the build's data; its rows in
+    OUT/label_issues.jsonl, its summary for report.json."""
+    from edgekit.data.label_issues import LabelIssuesConfig, find_label_issues, write_label_issues
+
+    result = find_label_issues(ctx.data, LabelIssuesConfig(), cache_dir=ctx.cache.root, progress=True)
+    write_label_issues(result, ctx.out / LABEL_ISSUES)
+    return {**result["summary"], "file": LABEL_ISSUES}
 
 
 def writable(folder: Path, flag: str) -> None:
@@ -172,8 +184,9 @@ def _size_floor(settings, labels_bytes: int) -> None:
         raise EdgekitError(f"limits.{e} (--max-size)") from None
 
 
-def prepare(cfg: BuildConfig) -> Context:
-    """Resolve and check everything before any work: settings, target, data, base model, sequence length, OUT."""
+def prepare(cfg: BuildConfig, check: bool = True) -> Context:
+    """Resolve and check everything before any work: settings, target, data, base model, sequence length, OUT.
+    `check`: run the data check (edgekit.data.check); distill.teacher's own prepare of the same data does not."""
     target, settings = resolve(cfg)
     if cfg.train_threads is not None and cfg.train_threads < 1:
         raise EdgekitError(f"train_threads must be >= 1, got {cfg.train_threads}")
@@ -199,6 +212,8 @@ def prepare(cfg: BuildConfig) -> Context:
         max_len = stats["max_len"] = pk.max_len
     # shorter fixed lengths for ExecuTorch; package.buckets overrides the profile's percentiles
     stats["buckets"] = sorted({b for b in (stats["buckets"] if pk.buckets is None else pk.buckets) if b < max_len})
+    # --strict-data: refused here, before any training
+    checked = data_check(data, tokenizer, max_len, cfg.strict_data) if check else None
     unknown = [i for i in cfg.intents or [] if i not in data.intents]
     if unknown:
         raise EdgekitError(f"--intents: unknown intent {unknown[0]!r}; {cfg.data} has: {', '.join(data.intents)}")
@@ -207,7 +222,8 @@ def prepare(cfg: BuildConfig) -> Context:
     writable(Path(cfg.out), "--out")  # refused now, not after training (an empty OUT may stay)
     digest = input_digest(data, cfg.out, base, sp)
     ctx = Context(cfg, settings, target, data, Path(cfg.out), max_len, stats, tokenizer, rows, target.stages,
-                  cache, digest, base_model=base)
+                  cache, digest, base_model=base, data_check=checked)
+    ctx.search = search.plan(ctx)  # limits.max_size: the student's shape, by arithmetic, before any training
     d = settings.distill
     if d.unlabelled and "distill" in ctx.stages:  # read now: a bad line is refused before any training
         ctx.unlabelled, ctx.unlabelled_dropped = unlabelled_pool(Path(d.unlabelled), d.unlabelled_max, data)
@@ -218,7 +234,7 @@ def prepare(cfg: BuildConfig) -> Context:
         name = settings.distill.teacher
         try:  # its own stages: no distill, so no teacher of its own to prepare (the stages are not in its key)
             ctx.strong_ctx = prepare(dataclasses.replace(cfg, base_model=name, target=STRONG_TEACHER_PROFILE,
-                                                         stages=["teacher", "export", "package"]))
+                                                         stages=["teacher", "export", "package"]), check=False)
         except EdgekitError as e:  # the message names --base-model or a setting, as if it were a build of its own
             msg = str(e)
             raise EdgekitError(msg.replace("--base-model", "distill.teacher", 1) if msg.startswith("--base-model")
@@ -291,6 +307,8 @@ def build(cfg: BuildConfig, on_stage=None) -> dict:
 
     tune_allocator()
     ctx = prepare(cfg)  # every setting checked before any work or output
+    if cfg.label_issues:
+        ctx.label_issues = label_issues(ctx)
     before = torch.get_num_threads()  # torch's default: the physical cores, or $OMP_NUM_THREADS
     # Training runs on cfg.train_threads (default: torch's); latency is measured on the profile's threads (below).
     torch.set_num_threads(cfg.train_threads or before)

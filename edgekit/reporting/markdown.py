@@ -6,7 +6,9 @@ from edgekit.record import AGAINST
 from edgekit.reporting.common import pass_of as _pass
 from edgekit.reporting.common import pct as _pct
 from edgekit.reporting.common import size as _size
+from edgekit.reporting.data_check import lines as data_check_lines
 from edgekit.reporting.decoding import decoding_section
+from edgekit.reporting.labels import by_label_section
 from edgekit.runtime.package import RUNTIME_NAMES, RUNTIMES
 
 
@@ -354,8 +356,8 @@ def _profile(rep: dict) -> list[str]:
 
 # report.md, section by section: each renderer takes report.json's dict and gives its lines (none when the build
 # has nothing to show there), each section but the header starting with a blank line.
-SECTIONS = (_header, _stage_table, _compression, _quantization, _exported, _fusion, decoding_section, _profile,
-            _package_files, _latency, _batches, _provider, _warnings)
+SECTIONS = (_header, _stage_table, by_label_section, data_check_lines, _compression, _quantization, _exported, _fusion,
+            decoding_section, _profile, _package_files, _latency, _batches, _provider, _warnings)
 
 
 def render_markdown(rep: dict) -> str:

@@ -10,9 +10,10 @@ import os
 from pathlib import Path
 
 from edgekit.engine.registry import MODEL_STAGES
+from edgekit.reporting.common import pass_of
 
 # The file names a build writes beside the package (edgekit verify accepts them as the build's, not the package's).
-PLOTS = {"oos": "oos_curve.png", "stages": "stages.png"}
+PLOTS = {"oos": "oos_curve.png", "stages": "stages.png", "confusion": "confusion.png", "frontier": "frontier.png"}
 
 
 def _figure(w: float = 6.4, h: float = 4.2):
@@ -84,6 +85,18 @@ def stages(rep: dict, path: Path) -> Path | None:
     ax.set_title(f"Size against accuracy by stage, {rep['dataset']['name']} → {rep['target']}")
     ax.legend(loc="center left")
     return _save(plt, fig, path)
+
+
+def confusion(rep: dict, path: Path) -> Path | None:
+    """The intents' confusion of the package as shipped (primary runtime, test split), row-normalised
+    (edgekit.reporting.confusion); None for a build whose package stage has no scores by label."""
+    by = ((pass_of(rep, "package") or {}).get("extra") or {}).get("by_label")
+    if not by:
+        return None
+    from edgekit.reporting.confusion import confusion_plot
+
+    return confusion_plot(by["confusion"], path, f"Intent confusion, {rep['dataset']['name']} {by['split']} "
+                          f"(package, {by['runtime']})", by.get("oos"))
 
 
 def latency_cdf(res: dict, path: Path) -> Path:
@@ -176,8 +189,10 @@ def loadtest_timeline(res: dict, path: Path) -> Path | None:
 
 def write_plots(rep: dict, out: Path) -> dict[str, str]:
     """Every plot the report can draw, written into `out`; returns {kind: file name} for report.md to link."""
+    from edgekit.reporting.frontier import frontier
+
     done = {}
-    for kind, fn in (("oos", oos_curve), ("stages", stages)):
+    for kind, fn in (("oos", oos_curve), ("stages", stages), ("confusion", confusion), ("frontier", frontier)):
         if fn(rep, out / PLOTS[kind]) is not None:
             done[kind] = PLOTS[kind]
     return done

@@ -29,6 +29,12 @@ def invalid_bio(seqs: list[list[str] | None]) -> int:
     return bad
 
 
+def prf(tp: int, n_pred: int, n_gold: int) -> tuple[float, float, float]:
+    """Precision, recall and F1 from counts; a figure whose denominator is 0 is 0 (sklearn's zero_division=0)."""
+    prec, rec = (tp / n_pred if n_pred else 0.0), (tp / n_gold if n_gold else 0.0)
+    return prec, rec, (2 * prec * rec / (prec + rec) if tp else 0.0)
+
+
 def slot_f1(gold: list[list[str]], pred: list[list[str]]) -> float:
     """Micro F1 over exact span matches, pooled over all sentences (conlleval's overall FB1 / 100)."""
     tp = n_gold = n_pred = 0
@@ -37,10 +43,7 @@ def slot_f1(gold: list[list[str]], pred: list[list[str]]) -> float:
         tp += len(gc & pc)
         n_gold += len(gc)
         n_pred += len(pc)
-    if tp == 0:
-        return 0.0
-    prec, rec = tp / n_pred, tp / n_gold
-    return 2 * prec * rec / (prec + rec)
+    return prf(tp, n_pred, n_gold)[2]
 
 
 def metrics_of(gold_intents: list[str], pred_intents: list[str], gold_tags: list[list[str]] | None = None,

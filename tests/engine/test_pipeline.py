@@ -46,7 +46,15 @@ def test_report_contract(built):
     assert all(r["slot_f1_argmax"] is not None for r in rep["stages"][:2])
     # the tiny model learns the demo task well past chance (10 intents)
     assert rep["stages"][0]["intent_acc"] > 0.5
-    assert "| teacher |" in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert "| teacher |" in md
+    # the package scored by label (issue 57): its intents' supports are the test split, its picture beside the report
+    by_label = next(p for p in rep["passes"] if p["name"] == "package")["extra"]["by_label"]
+    assert sum(r["support"] for r in by_label["intents"]["rows"]) == rep["dataset"]["sizes"]["test"]
+    assert by_label["intents"]["micro"]["f1"] == rep["stages"][-1]["intent_acc"]
+    assert rep["plots"]["confusion"] == "confusion.png" and (out / "confusion.png").is_file()
+    assert "## Scores by label" in md and "## Data check" in md and rep["data_check"]["total"] >= 0
+    assert Package.load(out).strays() == []  # the build's new files are the build's, not the package's
 
 
 def test_max_len_is_p99_rounded_to_8_and_buckets_below_it_reach_the_manifest(built):

@@ -10,6 +10,7 @@ from edgekit.engine.sizes import QuantSpec, StudentShape, linear_tensors, packag
 from tests.conftest import DEMO
 
 ANDROID_W4 = ("*.fc1", "*.fc2", "*.attn.*")  # devices/android.toml [quantize] weight4
+TINY_BUDGET = 247_500  # under the tiny package at half the teacher's parameters: the search keeps 43% of them
 
 # SNIPS android (seed 0, 2026-12-06): the pruned student, its labels' counts, the slots per intent (the decoding
 # tables' width), max_len 24 with a 16 bucket. model.pte 3,767,740 bytes; tokenizer.model 220,172 (9,533 normal
@@ -62,7 +63,9 @@ def tiny_android(tmp_path_factory, tiny_bert):
                 "compress": {"total_share": 1.0, "param_share": 0.5, "max_param_share": 0.5, "max_total_share": 1.0,
                              "prune_layers": 0, "max_retries": 0},
                 "budget": {"intent_drop_pts": 100.0, "slot_f1_drop_pts": 100.0},
-                "package": {"bench_utterances": 0}, "decoding": {"compare_argmax": False}}
+                "package": {"bench_utterances": 20}, "decoding": {"compare_argmax": False},
+                # the size search chooses the student's parameters under this budget (tests/engine/test_search.py)
+                "limits": {"max_size": TINY_BUDGET}, "search": {"embedding_ranks": [0, 16], "min_param_share": 0.2}}
     rep = build(BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), target="android",
                             stages=["teacher", "trim_vocab", "prune", "distill", "quantize", "export", "package"],
                             settings=settings))
@@ -113,3 +116,24 @@ def test_tiny_android_tokenizer_is_exact_given_its_pieces(tiny_android):
     text = sum(len(p.piece.encode()) for p in m.pieces[260:])
     got = predict(out, rep, piece_utf8=text, charsmap=len(m.normalizer_spec.precompiled_charsmap))
     assert got["files"]["tokenizer.model"] == rep["package"]["files"]["tokenizer.model"]
+
+
+def test_the_size_search_chose_a_shape_whose_package_meets_the_budget(tiny_android):
+    """--max-size through the search (edgekit/engine/search.py): the student's parameters were chosen before
+    training so the package written meets the budget; report.json says what was weighed and chosen, and
+    frontier.png draws exactly that."""
+    from edgekit.reporting.frontier import points
+
+    out, rep = tiny_android
+    assert rep["package"]["size_bytes"] <= TINY_BUDGET and rep["limits"]["size"]["met"] and not rep["over_budget"]
+    chosen = [c for c in rep["search"]["candidates"] if c["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["package_bytes"] == rep["package"]["size_bytes"]
+    assert abs(chosen[0]["size_bytes"] - rep["package"]["size_bytes"]) < 1_000  # predicted before training
+    prune = next(p for p in rep["passes"] if p["name"] == "prune")["extra"]
+    share = rep["config"]["settings"]["compress"]["param_share"]  # the search's, pinned: no back-off grows it
+    assert share == rep["config"]["settings"]["compress"]["max_param_share"] < 0.5
+    assert prune["target_params"] == pytest.approx(share * prune["nonembedding_before"], abs=2)
+    (pt,) = points(rep)
+    assert pt["chosen"] and pt["mb"] == chosen[0]["size_bytes"] / 1e6 and pt["p50_ms"] == rep["latency"][
+        rep["package"]["runtime"]]["p50_ms"]
+    assert rep["plots"]["frontier"] == "frontier.png" and (out / "frontier.png").read_bytes()[:4] == b"\x89PNG"

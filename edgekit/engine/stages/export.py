@@ -38,7 +38,7 @@ def _onnx_int8(ctx: Context, model, ecfg, path: Path, decoding: bool) -> PassRec
     fp32_path, checks = path.with_name(path.stem + ".fp32.onnx"), check_inputs(ctx, decoding)
     r = export_onnx(model, ecfg, fp32_path, checks)
     cfg = ctx.settings.quantize
-    q = quantize_onnx(fp32_path, path, cfg, quant_inputs(ctx, cfg.calib_samples, decoding))
+    q = quantize_onnx(fp32_path, path, cfg, quant_inputs(ctx, cfg.calib_samples, decoding), weights=cfg.onnx_weights())
     fp32_path.unlink()
     r.extra["quantize"] = q.extra
     r.warnings += q.warnings

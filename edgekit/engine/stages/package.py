@@ -19,7 +19,7 @@ from edgekit.runtime.decode import OOS
 from edgekit.runtime.interface import check_element_types
 from edgekit.runtime.jsonfile import MANIFEST_BYTES, read_json
 from edgekit.runtime.package import MANIFEST, MODEL_FILES, SCHEMA_FILE, SCHEMA_PATH, SCHEMA_VERSION, Package, sha256
-from edgekit.scoring.score import score
+from edgekit.scoring.score import by_label, score
 from edgekit.text.normalizer import NAME as NORMALIZER
 
 TRT_FILE = "model.trt.onnx"  # the unfused FP32 graph, for TensorRT (which cannot parse the fused ops)
@@ -155,9 +155,12 @@ def run(ctx: Context) -> PackageResult:
     rec = PassRecord("package", params_after=count_params(ctx.fp32().model), bytes_after=info["size_bytes"])
     # the package as shipped, opened as an app opens it
     p, test = Predictor.open(pkg, ctx.target.primary_runtime, threads=ctx.target.bench_threads), ctx.data.splits["test"]
-    rec.metrics = score(test, [p.predict(ex.text, warn=False) for ex in test], ctx.labels)
+    answers = [p.predict(ex.text, warn=False) for ex in test]
+    rec.metrics = score(test, answers, ctx.labels)
     info["provider"] = p.provider  # the execution provider that answered (a server-gpu package on CPU says so)
-    rec.extra = {"latency": latency, "package": info}
+    # each intent's and slot type's scores and the intents' confusion: report.md's worst few, confusion.png
+    by = {"runtime": ctx.target.primary_runtime, "split": "test", **by_label(test, answers, ctx.labels)}
+    rec.extra = {"latency": latency, "package": info, "by_label": by}
     rec.seconds = time.perf_counter() - t0
     row = stage_row("package", rec.metrics, rec.params_after, rec.bytes_after, rec.seconds)
     row["runtime"] = ctx.target.primary_runtime

@@ -1,0 +1,232 @@
+"""The student's shape under a size budget (issue 56): a small grid of levers, each candidate's package bytes from
+`sizes.package_bytes` before any training, and the non-embedding parameters solved to fill what the budget leaves.
+
+Levers, from the profile's `[search]` table: the vocabulary (every task piece, or a budget of the most frequent), the
+word embedding's rank (the full (V, H) table, or an SVD factorisation that distillation recovers), and the student's
+layers. For each combination the prune target is the most non-embedding parameters whose package fits `max_size`
+less a reserve for the quantize fallback ladder (`reserve_steps` 4-bit Linears moved to INT8), so that no later
+growth passes the budget. Heads and FFN channels are spread evenly over the layers in the teacher's proportion: the
+prune stage spreads them unevenly, which moves the package by a few hundred bytes (tests/engine/test_search.py).
+
+No training here: the candidates are ranked afterwards (distilled briefly, or by the profile's lever order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+
+from edgekit.engine.sizes import SEGMENT, QuantSpec, StudentShape, linear_tensors, linears, package_bytes
+
+
+@dataclass
+class SearchSettings:
+    """[search]: the levers the size search may move, each a list of the values it tries."""
+
+    vocab_budgets: list[int] = field(default_factory=lambda: [0])  # most pieces kept; 0: every task piece
+    embedding_ranks: list[int] = field(default_factory=lambda: [0])  # factorised table's rank; 0: the full table
+    layers: list[int] = field(default_factory=list)  # student layers; []: the teacher's less compress.prune_layers
+    min_param_share: float = 0.04  # fewer non-embedding parameters than this share of the teacher's: no candidate
+    reserve_steps: int = 1  # quantize fallback steps (4-bit -> INT8) the size budget keeps room for
+
+    def __post_init__(self):
+        for name, low in (("vocab_budgets", 0), ("embedding_ranks", 0), ("layers", 1)):
+            values = getattr(self, name)
+            if not isinstance(values, list) or any(not isinstance(v, int) or v < low for v in values):
+                raise ValueError(f"{name} must be a list of whole numbers >= {low}, got {values!r}")
+        if not self.vocab_budgets or not self.embedding_ranks:
+            raise ValueError("vocab_budgets and embedding_ranks need at least one value each ([0]: off)")
+        if not 0 < self.min_param_share <= 1:
+            raise ValueError(f"min_param_share must be in (0, 1], got {self.min_param_share}")
+        if self.reserve_steps < 0:
+            raise ValueError(f"reserve_steps must be >= 0, got {self.reserve_steps}")
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the search knows before training: the data's labels and lengths, the task vocabulary, the teacher's
+    shape and the quantize settings. piece_utf8: the task pieces' UTF-8 bytes (None: sizes' average)."""
+
+    labels: dict
+    task_vocab: int  # pieces with every task piece (specials and byte pieces included)
+    max_len: int
+    buckets: tuple[int, ...]
+    teacher_layers: int
+    teacher_nonemb: int
+    quant: QuantSpec
+    intent_slots: dict | None = None
+    hidden: int = 384
+    head_dim: int = 32
+    attn_share: float = 1 / 3  # attention's share of a layer's parameters (BERT: 4H^2 of 12H^2)
+    piece_utf8: int | None = None
+    runtimes: tuple[str, ...] = ("executorch", "onnx")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One shape: its levers, the non-embedding parameters that fill the budget, and its predicted bytes."""
+
+    vocab: int
+    emb_rank: int | None
+    layers: int
+    nonemb: int
+    size_bytes: int
+    reserve_bytes: int
+
+    def settings(self, facts: Facts, vocab_budget: int) -> dict:
+        """The build settings this candidate stands for ([compress]): the prune target as a share of the teacher's
+        non-embedding parameters (which count the LayerNorms and heads too), pinned: no back-off may grow it past
+        the budget."""
+        share = min(1.0, (self.nonemb + overhead(facts, self.layers)) / facts.teacher_nonemb)
+        return {"vocab_budget": vocab_budget or None, "embedding_rank": self.emb_rank, "param_share": share,
+                "max_param_share": share, "total_share": 1.0, "max_total_share": 1.0,
+                "prune_layers": facts.teacher_layers - self.layers}
+
+
+def overhead(facts: Facts, layers: int) -> int:
+    """Non-embedding parameters that are not heads or FFN channels: the LayerNorms and the intent and slot heads."""
+    H, n_int, n_tags = facts.hidden, len(facts.labels["intents"]), len(facts.labels["slot_tags"])
+    return 2 * H + 4 * H * layers + (H + 1) * n_int + (H + 1) * n_tags
+
+
+def even_shape(facts: Facts, vocab: int, rank: int | None, layers: int, nonemb: int) -> StudentShape:
+    """A student of `nonemb` non-embedding parameters over `layers` layers, heads and FFN channels in the teacher's
+    proportion (at least one head and one channel a layer)."""
+    H, hd = facts.hidden, facts.head_dim
+    head_cost, ffn_cost = 4 * H * hd + 3 * hd, 2 * H + 1
+    per = nonemb / layers
+    heads = max(1, round(facts.attn_share * per / head_cost))
+    ffn = max(1, round((per - heads * head_cost) / ffn_cost))
+    return StudentShape(vocab, (heads,) * layers, (ffn,) * layers, hidden=H, head_dim=hd, emb_rank=rank or None)
+
+
+def shape_params(shape: StudentShape) -> int:
+    """Non-embedding parameters of the shape's layers (the prune stage's target counts these, LayerNorms aside)."""
+    H, hd = shape.hidden, shape.head_dim
+    return sum(h * (4 * H * hd + 3 * hd) + f * (2 * H + 1) for h, f in zip(shape.heads, shape.ffn))
+
+
+def _bytes(facts: Facts, shape: StudentShape) -> tuple[int, int]:
+    """(package bytes, one fallback step: the largest 4-bit Linear's move to INT8)."""
+    got = package_bytes(shape, facts.quant, facts.labels, facts.max_len, facts.buckets, facts.intent_slots,
+                        runtimes=facts.runtimes, piece_utf8=None if facts.piece_utf8 is None else
+                        round(facts.piece_utf8 * shape.vocab / facts.task_vocab))
+    dims = {name: (o, i, bias) for name, o, i, bias in linears(shape, len(facts.labels["intents"]),
+                                                               len(facts.labels["slot_tags"]))}
+    step = max((sum(-(-b // SEGMENT) * SEGMENT for b in linear_tensors(*dims[name], "int8")) - n
+                for name, (kind, n) in got["linears"].items() if kind == "int4"), default=0)
+    return got["size_bytes"], step
+
+
+def fill(facts: Facts, vocab: int, rank: int | None, layers: int, max_size: int, reserve_steps: int,
+         low: int, high: int) -> Candidate | None:
+    """The candidate with the most non-embedding parameters in [low, high] whose bytes plus reserve fit max_size
+    (bisection: bytes grow with parameters), or None when even `low` does not fit."""
+    def fits(n: int) -> tuple[bool, int, int]:
+        size, step = _bytes(facts, even_shape(facts, vocab, rank, layers, n))
+        return size + reserve_steps * step <= max_size, size, step
+
+    if not fits(low)[0]:
+        return None
+    while high - low > 256:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid)[0] else (low, mid)
+    shape = even_shape(facts, vocab, rank, layers, low)
+    _, size, step = fits(low)
+    return Candidate(vocab, rank or None, layers, shape_params(shape), size, reserve_steps * step)
+
+
+def candidates(facts: Facts, cfg: SearchSettings, max_size: int, default_layers: int,
+               max_share: float = 1.0) -> list[Candidate]:
+    """Every lever combination that fits max_size, each filled to the budget (at most max_share of the teacher's
+    non-embedding parameters), in the profile's order of the levers."""
+    out = []
+    low, high = int(cfg.min_param_share * facts.teacher_nonemb), int(max_share * facts.teacher_nonemb)
+    for budget, rank, layers in itertools.product(cfg.vocab_budgets, cfg.embedding_ranks,
+                                                  cfg.layers or [default_layers]):
+        if layers > facts.teacher_layers or rank >= facts.hidden:
+            continue
+        vocab = min(budget or facts.task_vocab, facts.task_vocab)
+        c = fill(facts, vocab, rank, layers, max_size, cfg.reserve_steps, low, max(low, high))
+        if c is not None:
+            out.append(c)
+    return out
+
+
+def smallest(facts: Facts, cfg: SearchSettings, default_layers: int) -> int:
+    """Bytes of the smallest package the levers allow (the fewest pieces, the lowest rank, the fewest layers, the
+    least parameters): a size budget below it cannot be met by any shape."""
+    vocab = min([b or facts.task_vocab for b in cfg.vocab_budgets] + [facts.task_vocab])
+    ranks = [r for r in cfg.embedding_ranks if 0 < r < facts.hidden]
+    shape = even_shape(facts, vocab, min(ranks) if ranks else None, min(cfg.layers or [default_layers]),
+                       int(cfg.min_param_share * facts.teacher_nonemb))
+    return _bytes(facts, shape)[0]
+
+
+
+def facts_of(data, tokenizer, hf: dict, max_len: int, buckets: list[int], quant, runtimes, corpus: list[str]) -> Facts:
+    """The search's facts for a build: the task vocabulary as trim_vocab keeps it (every piece the base tokenizer
+    makes on the corpus, single characters included) and the teacher's shape from the base model's config. The
+    decoding tables are counted without the intent-to-slot whitelist: whether it ships is decided after training
+    (kept where it costs no dev slot F1), so the budget holds either way (SNIPS: 31.6 KB more than with it)."""
+    from edgekit.converters.trim_vocab import piece_counts, select_pieces
+    from edgekit.engine.sizes import QuantSpec
+    from edgekit.scoring.score import labels_of
+    from edgekit.text.vocab import N_FIXED
+
+    counts, chars = piece_counts(tokenizer, corpus)
+    kept = select_pieces(tokenizer, counts, chars, None)
+    H, L, inner = hf["hidden_size"], hf["num_hidden_layers"], hf["intermediate_size"]
+    heads = hf["num_attention_heads"]
+    labels = labels_of(data)
+    hd = H // heads
+    units = heads * (4 * H * hd + 3 * hd) + inner * (2 * H + 1)
+    f = Facts(labels, N_FIXED + len(kept), max_len, tuple(buckets), L, 0, QuantSpec(
+        quant.embedding_bits, quant.embedding_group, weight4=tuple(quant.weight4), keep_fp32=tuple(quant.keep_fp32)),
+        intent_slots=None, hidden=H, head_dim=hd,
+        piece_utf8=sum(len(p.encode()) for p in kept), runtimes=tuple(runtimes))
+    return dataclasses.replace(f, teacher_nonemb=L * units + overhead(f, L))
+
+
+def record(facts: Facts, max_size: int, found: list[Candidate], chosen: Candidate | None, seconds: float) -> dict:
+    """report.json's `search`: the budget, every candidate (its shape, bytes and what it was scored), the one chosen
+    and the search's cost."""
+    return {"limits": {"max_size": max_size}, "task_vocab": facts.task_vocab, "seconds": round(seconds, 2),
+            "candidates": [dataclasses.asdict(c) | {"chosen": c == chosen} for c in found]}
+
+
+def choose(found: list[Candidate]) -> Candidate | None:
+    """The first candidate in the profile's lever order: the levers are listed cheapest first (docs/experiments.md
+    measures each), and every candidate keeps at least min_param_share of the teacher's parameters."""
+    return found[0] if found else None
+
+
+def plan(ctx) -> dict | None:
+    """Under limits.max_size, for a build that prunes: the candidates, the chosen one's [compress] settings applied
+    to ctx.settings (they enter the stages' keys as any setting does), and report.json's `search`. A budget below
+    the smallest shape the levers allow: EdgekitError, before any training."""
+    import time
+
+    from edgekit.engine.stages.trim_vocab import corpus
+    from edgekit.errors import EdgekitError
+    from edgekit.modeling.pretrained import base_config
+
+    s, max_size = ctx.settings, ctx.settings.limits.max_size
+    if max_size is None or "prune" not in ctx.stages:
+        return None
+    t0 = time.perf_counter()
+    facts = facts_of(ctx.data, ctx.base_tokenizer, base_config(ctx.base_model), ctx.max_len,
+                     ctx.length_stats["buckets"], s.quantize, ctx.target.runtimes, corpus(ctx))
+    layers = max(1, facts.teacher_layers - s.compress.prune_layers)
+    found = candidates(facts, s.search, max_size, layers, s.compress.max_param_share or s.compress.param_share)
+    if not found:
+        floor = smallest(facts, s.search, layers)
+        raise EdgekitError(f"limits.max_size {max_size:,} bytes: no student shape fits; the smallest the [search] "
+                           f"levers allow takes {floor:,} bytes (--max-size, or widen [search])")
+    chosen = choose(found)
+    budget = next(b for b in s.search.vocab_budgets if min(b or facts.task_vocab, facts.task_vocab) == chosen.vocab)
+    ctx.settings.compress = dataclasses.replace(s.compress, **chosen.settings(facts, budget))
+    ctx.settings.quantize = dataclasses.replace(s.quantize, max_fallback=min(s.quantize.max_fallback,
+                                                                             s.search.reserve_steps))
+    return record(facts, max_size, found, chosen, time.perf_counter() - t0)

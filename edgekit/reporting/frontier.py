@@ -1,0 +1,59 @@
+"""frontier.png: the size search's candidates, package bytes against dev accuracy (issue 56).
+
+One point per candidate that was scored: dev slot F1 (circles) and dev intent accuracy (squares) against its
+package bytes, its p50 beside it where it was timed, the chosen one starred, the size budget drawn as a vertical
+line. `points` is what the figure draws, so a test can hold the picture to report.json.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def points(rep: dict) -> list[dict]:
+    """The plotted points, from report.json's `search.candidates`: {label, mb, intent, slot, p50_ms, chosen},
+    accuracies in percent (slot None without slots); candidates without dev figures are left out."""
+    out = []
+    for c in (rep.get("search") or {}).get("candidates", []):
+        dev = c.get("dev")
+        if not dev:
+            continue
+        rank = f"r{c['emb_rank']}" if c.get("emb_rank") else "full"
+        out.append({"label": f"{c['layers']}L {c['vocab']:,}p {rank} {c['nonemb'] / 1e6:.2f}M",
+                    "mb": c["size_bytes"] / 1e6, "intent": 100 * dev["intent_acc"],
+                    "slot": None if dev.get("slot_f1") is None else 100 * dev["slot_f1"],
+                    "p50_ms": c.get("p50_ms"), "chosen": bool(c.get("chosen"))})
+    return out
+
+
+def frontier(rep: dict, path: Path) -> Path | None:
+    """Draw the candidates (at least one scored) with the budgets; None when the build searched nothing."""
+    pts = points(rep)
+    if not pts:
+        return None
+    from edgekit.reporting.plots import _figure, _save
+
+    plt, fig, ax = _figure(7.2, 4.6)
+    x = [p["mb"] for p in pts]
+    slots = any(p["slot"] is not None for p in pts)
+    if slots:
+        ax.plot(x, [p["slot"] for p in pts], "o", color="C1", label="dev slot F1")
+    ax.plot(x, [p["intent"] for p in pts], "s", color="C0", label="dev intent accuracy")
+    for p in pts:
+        y = p["slot"] if slots else p["intent"]
+        note = p["label"] + (f", {p['p50_ms']:.2f} ms" if p["p50_ms"] is not None else "")
+        ax.annotate(note, (p["mb"], y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+        if p["chosen"]:
+            ax.plot([p["mb"]], [y], "*", color="C3", markersize=14, label="chosen")
+    limits = (rep.get("search") or {}).get("limits", {})
+    if limits.get("max_size"):
+        ax.axvline(limits["max_size"] / 1e6, color="C3", linestyle="--", alpha=0.6,
+                   label=f"size budget {limits['max_size'] / 1e6:.2f} MB")
+    ax.set_xlabel("package bytes (MB, the primary runtime's files)")
+    ax.set_ylabel("dev score (%)")
+    title = f"Size search, {rep.get('dataset', {}).get('name', '')}"
+    if limits.get("max_latency"):
+        title += f" (latency budget {limits['max_latency']:g} ms p50, this machine)"
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="best", fontsize=8)
+    return _save(plt, fig, path)

@@ -1,0 +1,135 @@
+"""The size search's candidates (edgekit/engine/search.py) and the frontier's points (edgekit/reporting/frontier.py)."""
+
+import pytest
+
+from edgekit.engine.search import (
+    Facts,
+    SearchSettings,
+    candidates,
+    even_shape,
+    fill,
+    overhead,
+    shape_params,
+    smallest,
+)
+from edgekit.engine.sizes import QuantSpec, StudentShape, package_bytes
+from edgekit.reporting.frontier import frontier, points
+from tests.conftest import DEMO
+from tests.engine.test_sizes import ANDROID_W4, SNIPS, snips_like_labels
+
+MINILM_NONEMB = 10_646_784  # all-MiniLM-L6-v2's six layers
+
+
+def snips_facts(**kw) -> Facts:
+    labels, slots = snips_like_labels()
+    quant = QuantSpec(weight4=ANDROID_W4 + ("word_proj",))
+    return Facts(labels, 9793, 24, (16,), 6, MINILM_NONEMB, quant, intent_slots=slots, piece_utf8=70_920, **kw)
+
+
+def size_of(facts: Facts, shape: StudentShape) -> int:
+    return package_bytes(shape, facts.quant, facts.labels, facts.max_len, facts.buckets, facts.intent_slots,
+                         piece_utf8=facts.piece_utf8)["size_bytes"]
+
+
+def test_an_even_spread_of_the_pruned_students_parameters_costs_what_its_uneven_shape_costs():
+    """The search spreads heads and channels evenly; the prune stage does not. At SNIPS's pruned parameter count the
+    two packages differ by a few hundred bytes (of 4 MB)."""
+    facts = snips_facts()
+    n = shape_params(SNIPS)
+    even = even_shape(facts, SNIPS.vocab, None, 4, n)
+    assert abs(shape_params(even) - n) < 0.01 * n
+    assert abs(size_of(facts, even) - size_of(facts, SNIPS)) < 1_000
+
+
+@pytest.mark.parametrize("rank", [None, 128])
+def test_fill_keeps_the_most_parameters_that_fit_with_the_reserve(rank):
+    facts, budget = snips_facts(), 2_000_000
+    c = fill(facts, 9793, rank, 4, budget, 1, 100_000, MINILM_NONEMB)
+    if rank is None:  # the full 4-bit table alone (2.1 MB) leaves nothing
+        assert c is None
+        return
+    assert c.size_bytes + c.reserve_bytes <= budget and c.reserve_bytes > 0
+    assert c.size_bytes == size_of(facts, even_shape(facts, 9793, rank, 4, c.nonemb))
+    bigger = even_shape(facts, 9793, rank, 4, int(c.nonemb * 1.02))  # 2% more no longer fits with its reserve
+    assert size_of(facts, bigger) + c.reserve_bytes > budget
+
+
+def test_candidates_fit_the_budget_and_a_budget_below_the_smallest_shape_has_none():
+    facts = snips_facts()
+    cfg = SearchSettings(vocab_budgets=[0, 6000], embedding_ranks=[0, 128], layers=[4, 3])
+    got = candidates(facts, cfg, 2_000_000, 4, max_share=0.3)
+    assert got and all(c.size_bytes + c.reserve_bytes <= 2_000_000 for c in got)
+    assert {(c.vocab, c.emb_rank) for c in got} >= {(9793, 128), (6000, 128)}
+    assert all(c.nonemb <= 0.3 * MINILM_NONEMB for c in got)
+    floor = smallest(facts, cfg, 4)
+    assert candidates(facts, cfg, floor - 1, 4) == [] and candidates(facts, cfg, floor + 200_000, 4)
+
+
+def test_a_candidate_stands_for_pinned_compress_settings():
+    facts = snips_facts()
+    (c,) = candidates(facts, SearchSettings(embedding_ranks=[128]), 2_000_000, 4, max_share=0.3)
+    s = c.settings(facts, 0)
+    # the prune target counts the LayerNorms and heads too
+    assert s["param_share"] == s["max_param_share"] == pytest.approx((c.nonemb + overhead(facts, 4)) / MINILM_NONEMB)
+    assert s["embedding_rank"] == 128 and s["prune_layers"] == 2 and s["vocab_budget"] is None
+
+
+@pytest.mark.parametrize("bad", [{"vocab_budgets": []}, {"embedding_ranks": [-1]}, {"layers": [0]},
+                                 {"min_param_share": 0}, {"reserve_steps": -1}, {"layers": "4"}])
+def test_bad_search_settings_are_refused_by_name(bad):
+    with pytest.raises(ValueError, match=next(iter(bad)).split("_")[0]):
+        SearchSettings(**bad)
+
+
+def test_the_frontier_draws_what_report_json_holds(tmp_path):
+    cands = [{"vocab": 9793, "emb_rank": 128, "layers": 4, "nonemb": 1_156_832, "size_bytes": 1_949_944,
+              "dev": {"intent_acc": 0.99, "slot_f1": 0.95}, "p50_ms": 0.9, "chosen": True},
+             {"vocab": 6000, "emb_rank": None, "layers": 3, "nonemb": 452_268, "size_bytes": 1_972_912,
+              "dev": {"intent_acc": 0.98, "slot_f1": 0.93}, "p50_ms": None, "chosen": False},
+             {"vocab": 8000, "emb_rank": 96, "layers": 4, "nonemb": 1_686_032, "size_bytes": 1_928_884, "dev": None}]
+    rep = {"dataset": {"name": "snips"}, "search": {"limits": {"max_size": 2_000_000}, "candidates": cands}}
+    pts = points(rep)
+    assert [(p["mb"], p["intent"], p["slot"], p["chosen"]) for p in pts] == [
+        (c["size_bytes"] / 1e6, 100 * c["dev"]["intent_acc"], 100 * c["dev"]["slot_f1"], c["chosen"])
+        for c in cands[:2]]
+    assert frontier(rep, tmp_path / "frontier.png").read_bytes()[:4] == b"\x89PNG"
+    assert frontier({"search": {"candidates": cands[2:]}}, tmp_path / "none.png") is None
+
+
+def _prepare(tiny_bert, tmp_path, max_size, search):
+    from edgekit.engine import BuildConfig
+    from edgekit.engine.runner import prepare
+
+    return prepare(BuildConfig(data=str(DEMO), out=str(tmp_path / "out"), base_model=str(tiny_bert), target="android",
+                               settings={"limits": {"max_size": max_size}, "search": search,
+                                         "compress": {"prune_layers": 0}}))
+
+
+def test_a_build_under_a_size_budget_takes_the_first_shape_that_fits_before_any_training(tiny_bert, tmp_path):
+    from edgekit.engine.search import _bytes, facts_of
+    from edgekit.engine.stages.trim_vocab import corpus
+    from edgekit.modeling.pretrained import base_config
+
+    search = {"embedding_ranks": [0, 16, 8], "layers": [2], "min_param_share": 0.1}
+    roomy = _prepare(tiny_bert, tmp_path, "10MB", search)
+    first = roomy.search["candidates"][0]
+    assert first["chosen"] and first["emb_rank"] is None and first["layers"] == 2  # the full shape fits 10 MB
+    facts = facts_of(roomy.data, roomy.base_tokenizer, base_config(roomy.base_model), roomy.max_len,
+                     roomy.length_stats["buckets"], roomy.settings.quantize, roomy.target.runtimes, corpus(roomy))
+    low = int(0.1 * facts.teacher_nonemb)
+    full, step = _bytes(facts, even_shape(facts, facts.task_vocab, None, 2, low))
+    budget = full + step - 1  # the full table no longer fits at its fewest parameters, with its reserve
+    tight = _prepare(tiny_bert, tmp_path, budget, search)
+    chosen = next(c for c in tight.search["candidates"] if c["chosen"])
+    assert chosen["emb_rank"] == 16 and chosen["layers"] == 2
+    assert chosen["size_bytes"] + chosen["reserve_bytes"] <= budget and chosen["nonemb"] >= low
+    c = tight.settings.compress
+    assert c.embedding_rank == 16 and c.prune_layers == 0 and c.param_share == c.max_param_share
+    assert tight.settings.quantize.max_fallback == 1  # the ladder may use the reserve, no more
+
+
+def test_a_size_budget_no_shape_can_meet_is_refused_before_any_training(tiny_bert, tmp_path):
+    from edgekit.errors import EdgekitError
+
+    with pytest.raises(EdgekitError, match=r"no student shape fits; the smallest the \[search\] levers allow takes"):
+        _prepare(tiny_bert, tmp_path, "20KB", {"embedding_ranks": [0, 8], "layers": [1]})
