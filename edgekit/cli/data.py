@@ -111,7 +111,9 @@ def _label_issues(data, out: Path, cache: Path | None) -> None:
     root = Path(cache).expanduser().resolve() if cache else None  # None: the build's cache folder
     result = find_label_issues(data, LabelIssuesConfig(), cache_dir=root, progress=True)
     write_label_issues(result, out / "label_issues.jsonl")
-    typer.echo(f"\nlabel issues (train split): {label_issues_text(result['summary'])}; {out / 'label_issues.jsonl'}")
+    # stderr: with --json, stdout stays one JSON document
+    typer.echo(f"\nlabel issues (train split): {label_issues_text(result['summary'])}; {out / 'label_issues.jsonl'}",
+               err=True)
 
 
 @command("check", group="data")

@@ -24,23 +24,29 @@ from edgekit.engine.sizes import SEGMENT, QuantSpec, StudentShape, linear_tensor
 class SearchSettings:
     """[search]: the levers the size search may move, each a list of the values it tries."""
 
-    vocab_budgets: list[int] = field(default_factory=lambda: [0])  # most pieces kept; 0: every task piece
-    embedding_ranks: list[int] = field(default_factory=lambda: [0])  # factorised table's rank; 0: the full table
-    layers: list[int] = field(default_factory=list)  # student layers; []: the teacher's less compress.prune_layers
+    # Each lever's values in the order they are tried; []: the profile's own ([compress] vocab_budget,
+    # embedding_rank; the teacher's layers less compress.prune_layers).
+    vocab_budgets: list[int] = field(default_factory=list)  # most pieces kept; 0: every task piece
+    embedding_ranks: list[int] = field(default_factory=list)  # factorised table's rank; 0: the full table
+    layers: list[int] = field(default_factory=list)
     min_param_share: float = 0.04  # fewer non-embedding parameters than this share of the teacher's: no candidate
-    reserve_steps: int = 1  # quantize fallback steps (4-bit -> INT8) the size budget keeps room for
+    reserve_steps: int = 1  # quantize fallback steps the size budget keeps room for (the ladder is capped there)
 
     def __post_init__(self):
+        from edgekit.text.vocab import N_FIXED
+
         for name, low in (("vocab_budgets", 0), ("embedding_ranks", 0), ("layers", 1)):
             values = getattr(self, name)
-            if not isinstance(values, list) or any(not isinstance(v, int) or v < low for v in values):
+            if not isinstance(values, list) or any(not isinstance(v, int) or isinstance(v, bool) or v < low
+                                                   for v in values):
                 raise ValueError(f"{name} must be a list of whole numbers >= {low}, got {values!r}")
-        if not self.vocab_budgets or not self.embedding_ranks:
-            raise ValueError("vocab_budgets and embedding_ranks need at least one value each ([0]: off)")
+        if any(0 < v <= N_FIXED for v in self.vocab_budgets):
+            raise ValueError(f"vocab_budgets must be 0 (every task piece) or above the {N_FIXED} special and byte "
+                             f"pieces, got {self.vocab_budgets!r}")
         if not 0 < self.min_param_share <= 1:
             raise ValueError(f"min_param_share must be in (0, 1], got {self.min_param_share}")
-        if self.reserve_steps < 0:
-            raise ValueError(f"reserve_steps must be >= 0, got {self.reserve_steps}")
+        if not isinstance(self.reserve_steps, int) or isinstance(self.reserve_steps, bool) or self.reserve_steps < 0:
+            raise ValueError(f"reserve_steps must be a whole number >= 0, got {self.reserve_steps!r}")
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class Facts:
     attn_share: float = 1 / 3  # attention's share of a layer's parameters (BERT: 4H^2 of 12H^2)
     piece_utf8: int | None = None
     runtimes: tuple[str, ...] = ("executorch", "onnx")
+    teacher_embedding: int = 0  # the teacher's embedding parameters (word, position and token-type rows)
 
 
 @dataclass(frozen=True)
@@ -108,14 +115,17 @@ def shape_params(shape: StudentShape) -> int:
 
 
 def _bytes(facts: Facts, shape: StudentShape) -> tuple[int, int]:
-    """(package bytes, one fallback step: the largest 4-bit Linear's move to INT8)."""
+    """(package bytes, one fallback step: the largest move of a Linear up one rung of the ladder, a 4-bit one to
+    INT8 or an INT8 one (the heads) to FP32). Prune spreads channels unevenly, so a real FFN Linear may be wider
+    than the even shape's: the package check after the build still holds the budget (exit 3)."""
     got = package_bytes(shape, facts.quant, facts.labels, facts.max_len, facts.buckets, facts.intent_slots,
                         runtimes=facts.runtimes, piece_utf8=None if facts.piece_utf8 is None else
                         round(facts.piece_utf8 * shape.vocab / facts.task_vocab))
     dims = {name: (o, i, bias) for name, o, i, bias in linears(shape, len(facts.labels["intents"]),
                                                                len(facts.labels["slot_tags"]))}
-    step = max((sum(-(-b // SEGMENT) * SEGMENT for b in linear_tensors(*dims[name], "int8")) - n
-                for name, (kind, n) in got["linears"].items() if kind == "int4"), default=0)
+    up = {"int4": "int8", "int8": "fp32"}
+    step = max((sum(-(-b // SEGMENT) * SEGMENT for b in linear_tensors(*dims[name], up[kind])) - n
+                for name, (kind, n) in got["linears"].items() if kind in up), default=0)
     return got["size_bytes"], step
 
 
@@ -137,17 +147,31 @@ def fill(facts: Facts, vocab: int, rank: int | None, layers: int, max_size: int,
     return Candidate(vocab, rank or None, layers, shape_params(shape), size, reserve_steps * step)
 
 
-def candidates(facts: Facts, cfg: SearchSettings, max_size: int, default_layers: int,
-               max_share: float = 1.0) -> list[Candidate]:
-    """Every lever combination that fits max_size, each filled to the budget (at most max_share of the teacher's
-    non-embedding parameters), in the profile's order of the levers."""
-    out = []
-    low, high = int(cfg.min_param_share * facts.teacher_nonemb), int(max_share * facts.teacher_nonemb)
-    for budget, rank, layers in itertools.product(cfg.vocab_budgets, cfg.embedding_ranks,
+def profile_target(facts: Facts, vocab: int, rank: int | None, layers: int, param_share: float = 1.0,
+                   total_share: float = 1.0) -> int:
+    """The heads' and FFN channels' parameters the profile's shares give a student of this vocabulary and rank (as
+    stages/common.target_params computes the prune target, less the LayerNorms and heads it also counts)."""
+    H = facts.hidden
+    emb = vocab * (rank or H) + (rank or 0) * H + facts.max_len * H + H
+    total = facts.teacher_nonemb + facts.teacher_embedding
+    target = min(param_share * facts.teacher_nonemb, total_share * total - emb) if facts.teacher_embedding else \
+        param_share * facts.teacher_nonemb
+    return int(target) - overhead(facts, layers)
+
+
+def candidates(facts: Facts, cfg: SearchSettings, max_size: int, default_layers: int, param_share: float = 1.0,
+               total_share: float = 1.0) -> list[Candidate]:
+    """Every lever combination that fits max_size, each filled to the budget but never past what the profile's
+    shares give it (the search shrinks a student to fit; it does not grow one), in the order of the levers."""
+    out, seen = [], set()
+    low = int(cfg.min_param_share * facts.teacher_nonemb)
+    for budget, rank, layers in itertools.product(cfg.vocab_budgets or [0], cfg.embedding_ranks or [0],
                                                   cfg.layers or [default_layers]):
-        if layers > facts.teacher_layers or rank >= facts.hidden:
-            continue
         vocab = min(budget or facts.task_vocab, facts.task_vocab)
+        if layers > facts.teacher_layers or rank >= facts.hidden or (vocab, rank, layers) in seen:
+            continue
+        seen.add((vocab, rank, layers))
+        high = profile_target(facts, vocab, rank, layers, param_share, total_share)
         c = fill(facts, vocab, rank, layers, max_size, cfg.reserve_steps, low, max(low, high))
         if c is not None:
             out.append(c)
@@ -161,7 +185,8 @@ def smallest(facts: Facts, cfg: SearchSettings, default_layers: int) -> int:
     ranks = [r for r in cfg.embedding_ranks if 0 < r < facts.hidden]
     shape = even_shape(facts, vocab, min(ranks) if ranks else None, min(cfg.layers or [default_layers]),
                        int(cfg.min_param_share * facts.teacher_nonemb))
-    return _bytes(facts, shape)[0]
+    size, step = _bytes(facts, shape)
+    return size + cfg.reserve_steps * step
 
 
 
@@ -182,10 +207,11 @@ def facts_of(data, tokenizer, hf: dict, max_len: int, buckets: list[int], quant,
     labels = labels_of(data)
     hd = H // heads
     units = heads * (4 * H * hd + 3 * hd) + inner * (2 * H + 1)
+    emb = (tokenizer.vocab_size + hf.get("max_position_embeddings", 512) + 1) * H
     f = Facts(labels, N_FIXED + len(kept), max_len, tuple(buckets), L, 0, QuantSpec(
         quant.embedding_bits, quant.embedding_group, weight4=tuple(quant.weight4), keep_fp32=tuple(quant.keep_fp32)),
         intent_slots=None, hidden=H, head_dim=hd,
-        piece_utf8=sum(len(p.encode()) for p in kept), runtimes=tuple(runtimes))
+        piece_utf8=sum(len(p.encode()) for p in kept), runtimes=tuple(runtimes), teacher_embedding=emb)
     return dataclasses.replace(f, teacher_nonemb=L * units + overhead(f, L))
 
 
@@ -203,30 +229,43 @@ def choose(found: list[Candidate]) -> Candidate | None:
 
 
 def plan(ctx) -> dict | None:
-    """Under limits.max_size, for a build that prunes: the candidates, the chosen one's [compress] settings applied
-    to ctx.settings (they enter the stages' keys as any setting does), and report.json's `search`. A budget below
-    the smallest shape the levers allow: EdgekitError, before any training."""
+    """Under limits.max_size, for a build that prunes and lowers to ExecuTorch (the package sizes.py computes): the
+    candidates, and report.json's `search`. When the profile's own shape fits, its settings stay and only its
+    growth is pinned (no back-off past its shares, no vocabulary growth, the ladder capped at the reserve); else the
+    chosen candidate's [compress] settings replace them (they enter the stage keys as any setting does). A budget
+    below the smallest shape the levers allow: EdgekitError, before any training."""
     import time
 
     from edgekit.engine.stages.trim_vocab import corpus
     from edgekit.errors import EdgekitError
     from edgekit.modeling.pretrained import base_config
 
-    s, max_size = ctx.settings, ctx.settings.limits.max_size
-    if max_size is None or "prune" not in ctx.stages:
-        return None
+    s, max_size, c = ctx.settings, ctx.settings.limits.max_size, ctx.settings.compress
+    if max_size is None or not {"prune", "quantize"} <= set(ctx.stages) or ctx.target.primary_runtime != "executorch":
+        return None  # the budget is still held against the package written (limits.held)
     t0 = time.perf_counter()
     facts = facts_of(ctx.data, ctx.base_tokenizer, base_config(ctx.base_model), ctx.max_len,
                      ctx.length_stats["buckets"], s.quantize, ctx.target.runtimes, corpus(ctx))
-    layers = max(1, facts.teacher_layers - s.compress.prune_layers)
-    found = candidates(facts, s.search, max_size, layers, s.compress.max_param_share or s.compress.param_share)
+    layers = max(1, facts.teacher_layers - c.prune_layers)
+    own = (c.vocab_budget or 0, c.embedding_rank or 0, layers)
+    levers = dataclasses.replace(s.search, vocab_budgets=s.search.vocab_budgets or [own[0]],
+                                 embedding_ranks=s.search.embedding_ranks or [own[1]])
+    found = candidates(facts, levers, max_size, layers, c.param_share, c.total_share)
     if not found:
-        floor = smallest(facts, s.search, layers)
+        floor = smallest(facts, levers, layers)
         raise EdgekitError(f"limits.max_size {max_size:,} bytes: no student shape fits; the smallest the [search] "
                            f"levers allow takes {floor:,} bytes (--max-size, or widen [search])")
     chosen = choose(found)
-    budget = next(b for b in s.search.vocab_budgets if min(b or facts.task_vocab, facts.task_vocab) == chosen.vocab)
-    ctx.settings.compress = dataclasses.replace(s.compress, **chosen.settings(facts, budget))
-    ctx.settings.quantize = dataclasses.replace(s.quantize, max_fallback=min(s.quantize.max_fallback,
-                                                                             s.search.reserve_steps))
-    return record(facts, max_size, found, chosen, time.perf_counter() - t0)
+    budget = next(b for b in levers.vocab_budgets if min(b or facts.task_vocab, facts.task_vocab) == chosen.vocab)
+    as_profile = (budget, chosen.emb_rank or 0, chosen.layers) == own and chosen.nonemb + 256 >= profile_target(
+        facts, chosen.vocab, chosen.emb_rank, chosen.layers, c.param_share, c.total_share)
+    pinned = {"max_param_share": c.param_share, "max_total_share": c.total_share} if as_profile else \
+        chosen.settings(facts, budget)
+    try:
+        ctx.settings.compress = dataclasses.replace(c, max_retries=0, **pinned)
+        ctx.settings.quantize = dataclasses.replace(s.quantize, max_fallback=min(s.quantize.max_fallback,
+                                                                                 s.search.reserve_steps))
+    except ValueError as e:
+        raise EdgekitError(f"[search]: the chosen shape's settings are refused: {e}") from None
+    out = record(facts, max_size, found, chosen, time.perf_counter() - t0)
+    return out | {"kept_profile_shape": as_profile}

@@ -57,7 +57,7 @@ def test_fill_keeps_the_most_parameters_that_fit_with_the_reserve(rank):
 def test_candidates_fit_the_budget_and_a_budget_below_the_smallest_shape_has_none():
     facts = snips_facts()
     cfg = SearchSettings(vocab_budgets=[0, 6000], embedding_ranks=[0, 128], layers=[4, 3])
-    got = candidates(facts, cfg, 2_000_000, 4, max_share=0.3)
+    got = candidates(facts, cfg, 2_000_000, 4, param_share=0.3)
     assert got and all(c.size_bytes + c.reserve_bytes <= 2_000_000 for c in got)
     assert {(c.vocab, c.emb_rank) for c in got} >= {(9793, 128), (6000, 128)}
     assert all(c.nonemb <= 0.3 * MINILM_NONEMB for c in got)
@@ -67,15 +67,16 @@ def test_candidates_fit_the_budget_and_a_budget_below_the_smallest_shape_has_non
 
 def test_a_candidate_stands_for_pinned_compress_settings():
     facts = snips_facts()
-    (c,) = candidates(facts, SearchSettings(embedding_ranks=[128]), 2_000_000, 4, max_share=0.3)
+    (c,) = candidates(facts, SearchSettings(embedding_ranks=[128]), 2_000_000, 4, param_share=0.3)
     s = c.settings(facts, 0)
     # the prune target counts the LayerNorms and heads too
     assert s["param_share"] == s["max_param_share"] == pytest.approx((c.nonemb + overhead(facts, 4)) / MINILM_NONEMB)
     assert s["embedding_rank"] == 128 and s["prune_layers"] == 2 and s["vocab_budget"] is None
 
 
-@pytest.mark.parametrize("bad", [{"vocab_budgets": []}, {"embedding_ranks": [-1]}, {"layers": [0]},
-                                 {"min_param_share": 0}, {"reserve_steps": -1}, {"layers": "4"}])
+@pytest.mark.parametrize("bad", [{"vocab_budgets": [100]}, {"embedding_ranks": [-1]}, {"layers": [0]},
+                                 {"min_param_share": 0}, {"reserve_steps": -1}, {"layers": "4"},
+                                 {"reserve_steps": True}, {"layers": [True]}])
 def test_bad_search_settings_are_refused_by_name(bad):
     with pytest.raises(ValueError, match=next(iter(bad)).split("_")[0]):
         SearchSettings(**bad)

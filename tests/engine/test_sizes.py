@@ -10,7 +10,7 @@ from edgekit.engine.sizes import QuantSpec, StudentShape, linear_tensors, packag
 from tests.conftest import DEMO
 
 ANDROID_W4 = ("*.fc1", "*.fc2", "*.attn.*")  # devices/android.toml [quantize] weight4
-TINY_BUDGET = 247_500  # under the tiny package at half the teacher's parameters: the search keeps 43% of them
+TINY_BUDGET = 249_500  # under the tiny package at half the teacher's parameters with its reserve: 43% kept
 
 # SNIPS android (seed 0, 2026-12-06): the pruned student, its labels' counts, the slots per intent (the decoding
 # tables' width), max_len 24 with a 16 bucket. model.pte 3,767,740 bytes; tokenizer.model 220,172 (9,533 normal
@@ -65,7 +65,7 @@ def tiny_android(tmp_path_factory, tiny_bert):
                 "budget": {"intent_drop_pts": 100.0, "slot_f1_drop_pts": 100.0},
                 "package": {"bench_utterances": 20}, "decoding": {"compare_argmax": False},
                 # the size search chooses the student's parameters under this budget (tests/engine/test_search.py)
-                "limits": {"max_size": TINY_BUDGET}, "search": {"embedding_ranks": [0, 16], "min_param_share": 0.2}}
+                "limits": {"max_size": TINY_BUDGET}, "search": {"min_param_share": 0.2}}
     rep = build(BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), target="android",
                             stages=["teacher", "trim_vocab", "prune", "distill", "quantize", "export", "package"],
                             settings=settings))
