@@ -205,8 +205,10 @@ def test_decoding_graph_in_report(built):
     assert d["temperature"] == (d["temperature_fit"] if err["dev_after"] < err["dev_before"] else 1.0)
     dec = Package.load(out).manifest["decoding"]
     assert dec["score"] == "confidence" and dec["temperature"] == d["temperature"] and dec["threshold"] == 0
-    # one model stage (the teacher) is no size-against-accuracy plot; no out-of-scope data, no curve
-    assert rep["plots"] == {} and not (out / "stages.png").exists() and not (out / "oos_curve.png").exists()
+    # one model stage (the teacher) is no size-against-accuracy plot; no out-of-scope data, no curve; the package's
+    # confusion picture (issue 57) is drawn for every build with a package stage
+    assert rep["plots"] == {"confusion": "confusion.png"}
+    assert not (out / "stages.png").exists() and not (out / "oos_curve.png").exists()
 
 
 @pytest.mark.parametrize("runtime", ["executorch", "onnx"])
@@ -347,7 +349,8 @@ def test_quantized_build_reuses_the_teacher_and_rebuilds_int8_from_its_record(bu
     md = (out / "report.md").read_text()
     assert "## Quantization (INT8)" in md and "| fuse (onnx) |" in md and "ExecuTorch p50 / p99 ms" in md
     # two model stages: the size-against-accuracy plot, linked, beside the package and not a stray file of it
-    assert (out / "stages.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and rep["plots"] == {"stages": "stages.png"}
+    assert (out / "stages.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert rep["plots"] == {"stages": "stages.png", "confusion": "confusion.png"}
     assert "](stages.png)" in md and Package.load(out).strays() == []
     fuse = next(p for p in rep["passes"] if p["name"] == "fuse")["extra"]
     assert fuse["onnx"]["nodes_after"] < fuse["onnx"]["nodes_before"] and fuse["onnx"]["agreement"] >= 0.995
