@@ -57,8 +57,24 @@ def test_runtime_imports_only_itself(path):
     assert not bad, f"{path.name} imports {sorted(bad)}"
 
 
+def module_of(path: Path) -> str:
+    """The dotted name a source file is imported as (runtime/ is edgekit.runtime)."""
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    parts = ["edgekit", "runtime", *parts[1:]] if parts[0] == "runtime" else parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_two_modules_import_each_other():
+    """Dependencies point one way: no pair of modules imports each other, even inside a function (a package's
+    __init__ re-exporting its own modules aside)."""
+    files = {module_of(p): p for root in SOURCE for p in root.rglob("*.py")}
+    uses = {m: {i for i in imported(p) if i in files and i != m} for m, p in files.items()}
+    pairs = {tuple(sorted((a, b))) for a in uses for b in uses[a] if a in uses[b]}
+    assert not {(a, b) for a, b in pairs if not b.startswith(a + ".")}, sorted(pairs)
+
+
 NO_TORCH = ["edgekit.scoring.metrics", "edgekit.scoring.score", "edgekit.scoring.confidence", "edgekit.scoring.labels",
-            "edgekit.data.check", "edgekit.engine.search", "edgekit.reporting.frontier",
+            "edgekit.data.check", "edgekit.data.oof", "edgekit.engine.search", "edgekit.reporting.frontier",
             "edgekit.tools.package_eval", "edgekit.tools.compare", "edgekit.engine.registry", "edgekit.engine.cache",
             "edgekit.cli"]
 

@@ -104,13 +104,15 @@ def _print(data, findings, notes: list[str]) -> None:
             typer.echo(f"  ... and {len(fs) - SHOWN:,} more (--json or --out DIR lists them all)")
 
 
-def _label_issues(data, out: Path, cache: Path | None) -> None:
+def _label_issues(data, out: Path, cache: Path | None, full: dict) -> None:
     from edgekit.data.label_issues import LabelIssuesConfig, find_label_issues, write_label_issues
+    from edgekit.io import write_json
     from edgekit.reporting.data_check import label_issues_text
 
     root = Path(cache).expanduser().resolve() if cache else None  # None: the build's cache folder
     result = find_label_issues(data, LabelIssuesConfig(), cache_dir=root, progress=True)
     write_label_issues(result, out / "label_issues.jsonl")
+    write_json(out / "data_check.json", {**full, "label_issues": result["summary"]})  # with the search's cost
     # stderr: with --json, stdout stays one JSON document
     typer.echo(f"\nlabel issues (train split): {label_issues_text(result['summary'])}; {out / 'label_issues.jsonl'}",
                err=True)
@@ -153,7 +155,7 @@ def data_check(
     else:
         _print(data, findings, [note] + ([f"wrote {out / 'data_check.json'}"] if out is not None else []))
     if label_issues:
-        _label_issues(data, out, cache)
+        _label_issues(data, out, cache, full)
     if strict and findings:
         f = findings[0]
         raise EdgekitError(f"--strict: {len(findings):,} finding{'s' * (len(findings) != 1)} in {path}; first: "

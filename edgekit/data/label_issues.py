@@ -6,8 +6,9 @@ every row's probabilities come from a model that never saw it: a logistic regres
 one-hidden-layer MLP for a word's tag from its vector, its neighbours' and the utterance's. cleanlab then ranks the
 rows whose label those probabilities doubt: `cleanlab.filter` / `cleanlab.rank` for intents,
 `cleanlab.token_classification` for slot tags. Features depend on the texts only, so they are cached (under the
-stage cache's features/) and a second run, or a copy of the data with other labels, costs the fit alone. torch,
-sklearn and cleanlab load inside the functions.
+stage cache's features/): a copy of the data with other labels costs the fit alone. The fit's out-of-fold
+probabilities are kept beside them by features, labels and settings (edgekit.data.oof), so an identical second run
+costs cleanlab's ranking alone. torch, sklearn and cleanlab load inside the functions.
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
+from edgekit.data.oof import (  # noqa: F401 (fold_of, oof_probs: this module's public names before the split)
+    ProbCache,
+    fold_of,
+    intent_model,
+    oof_probs,
+    slot_model,
+    unjudged,
+    word_matrix,
+)
 from edgekit.errors import EdgekitError
 from edgekit.io import atomic_path
 from edgekit.scoring.metrics import chunks
@@ -191,120 +201,40 @@ def cached_features(texts: list[str], folder: Path, cfg: LabelIssuesConfig, cach
                    "path": str(path) if path else None}
 
 
-def fold_of(labels: list[int], folds: int, seed: int) -> np.ndarray:
-    """(N,) each utterance's fold, stratified by `labels` (its intent); a slot token takes its utterance's fold, so
-    the folds are grouped by utterance."""
-    from sklearn.model_selection import StratifiedKFold
-
-    y = np.asarray(labels)
-    k = max(2, min(folds, len(y)))
-    out = np.zeros(len(y), np.int64)
-    # StratifiedKFold needs each class in >= k rows; a rarer class's rows are dealt to consecutive folds, one each
-    rare = np.bincount(y)[y] < k
-    if (~rare).sum() >= k:
-        common = np.flatnonzero(~rare)
-        skf = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed).split(common, y[common])
-        for f, (_, test) in enumerate(skf):
-            out[common[test]] = f
-    few = np.flatnonzero(rare)[np.argsort(y[rare], kind="stable")]
-    out[few] = (np.arange(len(few)) + seed) % k
-    return out
-
-
-def oof_probs(X: np.ndarray, y: np.ndarray, n_classes: int, fold: np.ndarray, make) -> np.ndarray:
-    """(N, n_classes) probabilities for each row from the classifier `make(training rows)` fitted on the other
-    folds; a class absent from a fold's training rows gets probability 0 there. The features are standardised once
-    over all rows: that uses no label, and a scaler per fold cost SNIPS 13 s of the words' fit."""
-    from threadpoolctl import threadpool_limits
-
-    X = X - X.mean(0)  # a copy: the caller's features stay as they are
-    X /= X.std(0) + 1e-6
-    out = np.full((len(y), n_classes), 1.0 / n_classes)  # a fold with one class to learn from stays uniform
-    # One BLAS thread: threads spinning against any other load on a 2-core machine made a fit 10x slower.
-    with threadpool_limits(1), warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # the MLP's few passes end before it "converges": by design
-        for f in np.unique(fold):
-            test, train = fold == f, fold != f
-            if len(np.unique(y[train])) < 2:
-                continue
-            clf = make(int(train.sum())).fit(X[train], y[train])
-            out[test] = 0.0
-            out[np.ix_(test, clf.classes_)] = clf.predict_proba(X[test])
-    return out
-
-
-def intent_model(cfg: LabelIssuesConfig, n: int):
-    """Logistic regression on the utterance vector: a few hundred dimensions, a few classes, seconds."""
-    from sklearn.linear_model import LogisticRegression
-
-    return LogisticRegression(C=1.0 / (2 * cfg.l2 * n), max_iter=300, random_state=cfg.seed)
-
-
-def slot_model(cfg: LabelIssuesConfig, n: int):
-    """A one-hidden-layer MLP, a few passes of Adam: on SNIPS (117,700 words x 1,536 features x 76 tags) it tagged
-    as well as a logistic regression run to convergence (92.6% against 92.7% of words out of fold, last-layer
-    words) in a twentieth of the time."""
-    from sklearn.neural_network import MLPClassifier
-
-    passes = -(-cfg.slot_steps // -(-n // 256))  # ceil(steps / batches a pass)
-    return MLPClassifier((cfg.slot_hidden,), alpha=cfg.slot_alpha, batch_size=256, max_iter=passes,
-                         random_state=cfg.seed)
-
-
-def word_matrix(feats: Features, context: int) -> np.ndarray:
-    """(W, H * (2 * context + 2)): each word's vector, its neighbours' within `context` words (zeros past the
-    utterance's ends: the padding says where an utterance starts and ends) and its utterance's vector."""
-    W, H = feats.words.shape
-    utt_of = np.repeat(np.arange(len(feats.offsets) - 1), np.diff(feats.offsets))  # (W,)
-    pos = np.arange(W) - feats.offsets[utt_of]  # (W,) word number within its utterance
-    n = np.diff(feats.offsets)[utt_of]  # (W,) words in its utterance
-    parts = [feats.words]
-    for d in [d for k in range(1, context + 1) for d in (-k, k)]:
-        inside = (pos + d >= 0) & (pos + d < n)
-        shifted = np.zeros_like(feats.words)
-        shifted[inside] = feats.words[np.arange(W)[inside] + d]
-        parts.append(shifted)
-    parts.append(feats.utterance[utt_of])
-    return np.concatenate(parts, axis=1)
-
-
-def _given_where_unlearnable(probs: np.ndarray, y: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Rows whose label appears in one group only (an intent seen once, a tag in one utterance) cannot be judged
-    out of sample: their probabilities become their given label's, so cleanlab takes them as given."""
-    pairs = np.unique(np.stack([y, groups]), axis=1)  # (2, distinct (label, group) pairs)
-    lone = np.bincount(pairs[0], minlength=probs.shape[1])[y] < 2
-    probs[lone] = 0.0
-    probs[lone, y[lone]] = 1.0
-    return lone
-
-
-def intent_issues(X: np.ndarray, intents: list[str], fold: np.ndarray, cfg: LabelIssuesConfig) -> tuple[list, dict]:
-    """Rows [(index, label, suggested, score)] cleanlab flags, most suspect first, and the search's figures."""
+def intent_issues(X: np.ndarray, intents: list[str], fold: np.ndarray, cfg: LabelIssuesConfig,
+                  store: ProbCache | None = None) -> tuple[list, dict]:
+    """Rows [(index, label, suggested, score)] cleanlab flags, most suspect first, and the search's figures.
+    `store`: where the out-of-fold probabilities are kept between runs (None: fitted every time)."""
     import cleanlab
 
     names, y = np.unique(np.array(intents, dtype=object), return_inverse=True)  # sorted names, (N,) ids
-    probs = oof_probs(X, y, len(names), fold, lambda n: intent_model(cfg, n))
-    lone = _given_where_unlearnable(probs, y, np.arange(len(y)))
+    store = store or ProbCache(None, "")
+    probs, kept = store.probs("intent", lambda: X, y, len(names), fold, cfg, lambda n: intent_model(cfg, n))
+    lone = unjudged(probs, y, fold)
     accuracy = float((probs.argmax(1) == y).mean()) if len(y) else 0.0
     with warnings.catch_warnings():  # "too few examples" of a class to prune by: its rows are still ranked
         warnings.simplefilter("ignore", UserWarning)
         flagged = cleanlab.filter.find_label_issues(y, probs, return_indices_ranked_by="self_confidence", n_jobs=1)
     scores = cleanlab.rank.get_label_quality_scores(y, probs, method="self_confidence")
     rows = [(int(i), names[y[i]], names[int(probs[i].argmax())], float(scores[i])) for i in flagged]
-    return rows, {"rows": len(y), "flagged": len(rows), "unjudged": int(lone.sum()), "oof_accuracy": accuracy}
+    return rows, {"rows": len(y), "flagged": len(rows), "unjudged": int(lone.sum()), "oof_accuracy": accuracy,
+                  "fit_reused": kept}
 
 
-def slot_issues(feats: Features, tags: list[list[str]], fold: np.ndarray, cfg: LabelIssuesConfig) -> tuple[list, dict]:
+def slot_issues(feats: Features, tags: list[list[str]], fold: np.ndarray, cfg: LabelIssuesConfig,
+                store: ProbCache | None = None) -> tuple[list, dict]:
     """Rows [(index, suspect words, suggested tags, score)] of utterances where cleanlab flags a word's tag, most
     suspect first (the utterance's lowest word score), and the search's figures. `tags`: each utterance's given
-    tags of its kept words."""
+    tags of its kept words; `store` as intent_issues'."""
     from cleanlab.token_classification import filter as token_filter
     from cleanlab.token_classification import rank as token_rank
 
     names, y = np.unique(np.array([t for ts in tags for t in ts], dtype=object), return_inverse=True)  # (W,) ids
     utt_of = np.repeat(np.arange(len(tags)), [len(ts) for ts in tags])  # (W,)
-    probs = oof_probs(word_matrix(feats, cfg.context), y, len(names), fold[utt_of], lambda n: slot_model(cfg, n))
-    lone = _given_where_unlearnable(probs, y, utt_of)
+    store = store or ProbCache(None, "")
+    probs, kept = store.probs("slots", lambda: word_matrix(feats, cfg.context), y, len(names), fold[utt_of], cfg,
+                              lambda n: slot_model(cfg, n))
+    lone = unjudged(probs, y, fold[utt_of])
     accuracy = float((probs.argmax(1) == y).mean()) if len(y) else 0.0
     judged = [i for i, ts in enumerate(tags) if ts]  # an utterance with no kept word has nothing to judge
     cut = np.split(np.arange(len(y)), np.cumsum([len(ts) for ts in tags])[:-1])
@@ -325,7 +255,7 @@ def slot_issues(feats: Features, tags: list[list[str]], fold: np.ndarray, cfg: L
             suggested[w] = names[int(pp[s][w].argmax())]
         rows.append((i, sorted(suspect[s]), suggested, float(sentence[s])))
     return rows, {"rows": len(judged), "words": len(y), "flagged": len(rows), "flagged_words": len(issues),
-                  "unjudged_words": int(lone.sum()), "oof_accuracy": accuracy}
+                  "unjudged_words": int(lone.sum()), "oof_accuracy": accuracy, "fit_reused": kept}
 
 
 def _spans(tags: list[str], words: list[str]) -> list[dict]:
@@ -338,7 +268,8 @@ def _where(ex, i: int) -> dict:
     return {"index": i, "file": ex.file, "line": ex.line, "text": ex.text}
 
 
-def issues_from_features(examples: list, feats: Features, cfg: LabelIssuesConfig) -> tuple[list[dict], dict]:
+def issues_from_features(examples: list, feats: Features, cfg: LabelIssuesConfig,
+                         store: ProbCache | None = None) -> tuple[list[dict], dict]:
     """The ranked rows and the fit's figures from features already made (find_label_issues without the encoder).
 
     Intent rows: label (the given intent), suggested (the intent the model prefers). Slot rows: label and
@@ -347,14 +278,14 @@ def issues_from_features(examples: list, feats: Features, cfg: LabelIssuesConfig
     fold = fold_of(np.unique(np.array([e.intent for e in examples], dtype=object), return_inverse=True)[1],
                    cfg.folds, cfg.seed)
     out: list[dict] = []
-    found, summary = intent_issues(feats.utterance, [e.intent for e in examples], fold, cfg)
+    found, summary = intent_issues(feats.utterance, [e.intent for e in examples], fold, cfg, store)
     summary = {"intent": summary}
     for r, (i, label, suggested, score) in enumerate(found, 1):
         out.append({"kind": "intent", "rank": r, **_where(examples[i], i), "label": label, "suggested": suggested,
                     "score": float(f"{score:.4g}")})
     if cfg.slots and examples and examples[0].tags is not None:
         tags = [list(e.tags[:feats.n_words(i)]) for i, e in enumerate(examples)]
-        found, summary["slots"] = slot_issues(feats, tags, fold, cfg)
+        found, summary["slots"] = slot_issues(feats, tags, fold, cfg, store)
         for r, (i, words, suggested, score) in enumerate(found, 1):
             ex = examples[i]
             suspect = [{"word": w, "text": ex.words[w], "tag": tags[i][w], "suggested": suggested[w]} for w in words]
@@ -377,7 +308,7 @@ def find_label_issues(data, cfg: LabelIssuesConfig, cache_dir: Path | None = Non
     folder = base_folder(cfg.base_model, root / "models")
     feats, info = cached_features([e.text for e in examples], folder, cfg, root / "features", progress)
     t0 = time.perf_counter()
-    rows, summary = issues_from_features(examples, feats, cfg)
+    rows, summary = issues_from_features(examples, feats, cfg, ProbCache(root / "features", info["key"]))
     words = sum(len(e.words) for e in examples)
     summary.update(config=cfg.to_dict(), data=getattr(data, "source", None), split="train",
                    words_not_judged=words - int(feats.offsets[-1]) if data.has_slots else 0,

@@ -105,7 +105,7 @@ def confusion_plot(conf: dict, path: Path, title: str, oos: str | None = None) -
     matplotlib.use("Agg")  # no display: builds run headless
     import matplotlib.pyplot as plt
 
-    from edgekit.reporting.plots import _save
+    from edgekit.reporting.figure import save
 
     view = confusion_view(conf, oos)
     n = len(view["rows"])
@@ -121,4 +121,4 @@ def confusion_plot(conf: dict, path: Path, title: str, oos: str | None = None) -
                      "pairs; row-normalised over every answer", fontsize=10)
         _pair_bars(bars, view["pairs"])
     fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
-    return _save(plt, fig, path)
+    return save(plt, fig, path)

@@ -13,6 +13,12 @@ def label_issues_text(summary: dict) -> str:
         if isinstance(s, dict) and "flagged" in s:
             acc = f", out-of-fold {accuracy} {100 * s['oof_accuracy']:.2f}%" if "oof_accuracy" in s else ""
             parts.append(f"{kind}: {s['flagged']:,} of {s.get('rows', 0):,} utterances flagged{acc}")
+    if parts and isinstance(summary.get("features"), dict) and "fit_seconds" in summary:
+        feats = summary["features"]
+        reused = all(summary[k].get("fit_reused") for k in ("intent", "slots") if isinstance(summary.get(k), dict))
+        how = "read back" if feats.get("cached") else "computed"
+        fit = "fit read back and ranking" if reused else "fit and ranking"
+        parts.append(f"cost: features {feats.get('seconds', 0):.1f} s ({how}), {fit} {summary['fit_seconds']:.1f} s")
     return "; ".join(parts) or "nothing judged"
 
 

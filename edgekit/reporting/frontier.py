@@ -31,9 +31,9 @@ def frontier(rep: dict, path: Path) -> Path | None:
     pts = points(rep)
     if not pts:
         return None
-    from edgekit.reporting.plots import _figure, _save
+    from edgekit.reporting.figure import figure, save
 
-    plt, fig, ax = _figure(7.2, 4.6)
+    plt, fig, ax = figure(7.2, 4.6)
     x = [p["mb"] for p in pts]
     slots = any(p["slot"] is not None for p in pts)
     if slots:
@@ -56,4 +56,4 @@ def frontier(rep: dict, path: Path) -> Path | None:
         title += f" (latency budget {limits['max_latency']:g} ms p50, this machine)"
     ax.set_title(title, fontsize=10)
     ax.legend(loc="best", fontsize=8)
-    return _save(plt, fig, path)
+    return save(plt, fig, path)

@@ -6,34 +6,14 @@ when the report has nothing to draw. Files are written to a temp name and rename
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from edgekit.engine.registry import MODEL_STAGES
 from edgekit.reporting.common import pass_of
+from edgekit.reporting.figure import figure, save
 
 # The file names a build writes beside the package (edgekit verify accepts them as the build's, not the package's).
 PLOTS = {"oos": "oos_curve.png", "stages": "stages.png", "confusion": "confusion.png", "frontier": "frontier.png"}
-
-
-def _figure(w: float = 6.4, h: float = 4.2):
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: builds run headless
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(w, h), dpi=110)
-    ax.grid(True, alpha=0.3)
-    return plt, fig, ax
-
-
-def _save(plt, fig, path: Path) -> Path:
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
 
 
 def oos_curve(rep: dict, path: Path) -> Path | None:
@@ -43,7 +23,7 @@ def oos_curve(rep: dict, path: Path) -> Path | None:
     c = (export or {}).get("extra", {}).get("decoding", {}).get("oos_curve")
     if not c:
         return None
-    plt, fig, ax = _figure()
+    plt, fig, ax = figure()
     pts = c["points"]
     ax.plot([100 * p["oos_recall"] for p in pts], [100 * p["in_scope_acc"] for p in pts], "-", color="C0",
             label=f"{c['score']} threshold swept (AUROC {c['auroc']:.3f})")
@@ -54,7 +34,7 @@ def oos_curve(rep: dict, path: Path) -> Path | None:
     ax.set_ylabel("in-scope accuracy (%)")
     ax.set_title(f"Out-of-scope rejection, {rep['dataset']['name']} {c['split']} ({c['model']} model)")
     ax.legend(loc="lower left")
-    return _save(plt, fig, path)
+    return save(plt, fig, path)
 
 
 def stages(rep: dict, path: Path) -> Path | None:
@@ -66,7 +46,7 @@ def stages(rep: dict, path: Path) -> Path | None:
         return None
     key = "in_scope_acc" if any(r.get("in_scope_acc") is not None for r in rows) else "intent_acc"
     label = "in-scope accuracy" if key == "in_scope_acc" else "intent accuracy"
-    plt, fig, ax = _figure()
+    plt, fig, ax = figure()
     x = [r["size_bytes"] / 1e6 for r in rows]
     ax.plot(x, [100 * r[key] for r in rows], "-o", color="C0", label=label)
     for r, xi in zip(rows, x):
@@ -84,7 +64,7 @@ def stages(rep: dict, path: Path) -> Path | None:
     ax.set_ylabel("test score (%)")
     ax.set_title(f"Size against accuracy by stage, {rep['dataset']['name']} → {rep['target']}")
     ax.legend(loc="center left")
-    return _save(plt, fig, path)
+    return save(plt, fig, path)
 
 
 def confusion(rep: dict, path: Path) -> Path | None:
@@ -104,7 +84,7 @@ def latency_cdf(res: dict, path: Path) -> Path:
     the server shifted by each modeled round trip (dashed)."""
     import numpy as np
 
-    plt, fig, ax = _figure()
+    plt, fig, ax = figure()
     d, s = res["device"], res["server"]
     for label, ms, style in ((f"device ({d['runtime']}, {d['threads']} thread), measured", d["times_ms"], "-"),
                              ("server, one at a time over loopback HTTP, measured", s["times_ms"], "-")):
@@ -119,13 +99,13 @@ def latency_cdf(res: dict, path: Path) -> Path:
     ax.set_ylabel("utterances answered within (%)")
     ax.set_title("Latency, device against server (test split)")
     ax.legend(loc="lower right", fontsize=8)
-    return _save(plt, fig, path)
+    return save(plt, fig, path)
 
 
 def cascade_plot(res: dict, path: Path) -> Path:
     """`edgekit compare`: cascade accuracy and expected latency against the escalation rate (test), with the
     threshold chosen on dev marked and the device and server alone as reference lines."""
-    plt, fig, ax = _figure(h=5.2)
+    plt, fig, ax = figure(h=5.2)
     c = res["cascade"]
     pts = c["test_curve"]
     x = [100 * p["escalation"] for p in pts]
@@ -158,7 +138,7 @@ def cascade_plot(res: dict, path: Path) -> Path:
     # below the axes: inside, it hid the accuracy curve wherever it sat
     ax.legend(h1 + h2, l1 + l2, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=7)
     ax.set_title("Device-first cascade (test split)")
-    return _save(plt, fig, path)
+    return save(plt, fig, path)
 
 
 def loadtest_timeline(res: dict, path: Path) -> Path | None:
@@ -167,7 +147,7 @@ def loadtest_timeline(res: dict, path: Path) -> Path | None:
     tl = res.get("timeline") or {}
     if not tl.get("ok"):
         return None
-    plt, fig, ax = _figure(7.2, 4.2)
+    plt, fig, ax = figure(7.2, 4.2)
     t = [tl["step_s"] * (k + 0.5) for k in range(len(tl["ok"]))]
     ax.bar(t, tl["ok"], width=tl["step_s"] * 0.9, color="C0", alpha=0.35, label="answered")
     if any(tl["failed"]):
@@ -184,7 +164,7 @@ def loadtest_timeline(res: dict, path: Path) -> Path | None:
               fontsize=8, frameon=False)
     ax.set_title(f"loadtest {res['profile']} (concurrency {res['concurrency']}): {res['throughput_rps']:.0f} req/s, "
                  f"p99 {res['latency_ms']['p99']} ms", fontsize=10)
-    return _save(plt, fig, path)
+    return save(plt, fig, path)
 
 
 def write_plots(rep: dict, out: Path) -> dict[str, str]:

@@ -20,7 +20,7 @@ from ray import serve
 from starlette.responses import JSONResponse, PlainTextResponse
 
 from edgekit.runtime import Package, Predictor
-from edgekit.serve.app import BadRequest, Pool, check_item, in_calls
+from edgekit.serve.calls import BadRequest, Pool, check_item, in_calls
 from edgekit.serve.metrics import Metrics
 from edgekit.serve.settings import ServeSettings
 

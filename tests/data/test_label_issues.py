@@ -10,6 +10,7 @@ from edgekit.data.dataset import Dataset, Example
 from edgekit.data.label_issues import (
     Features,
     LabelIssuesConfig,
+    ProbCache,
     _word_means,
     cached_features,
     find_label_issues,
@@ -17,6 +18,7 @@ from edgekit.data.label_issues import (
     intent_model,
     issues_from_features,
     oof_probs,
+    unjudged,
     write_label_issues,
 )
 from tests.conftest import SHARED, need, need_module, write_tiny_bert
@@ -79,6 +81,46 @@ def test_a_label_seen_once_is_taken_as_given():
     assert "slots" not in summary
 
 
+def test_a_label_no_training_row_of_its_fold_carries_is_taken_as_given():
+    """Label 2's two rows fell in one fold: that fold's model never saw label 2, so its 0 must not read as a doubt."""
+    probs, y, fold = np.full((6, 3), 1 / 3), np.array([0, 0, 1, 1, 2, 2]), np.array([0, 1, 0, 1, 0, 0])
+    lone = unjudged(probs, y, fold)
+    assert lone.tolist() == [False] * 4 + [True] * 2
+    assert probs[4:].tolist() == [[0, 0, 1], [0, 0, 1]] and probs[0].tolist() == [1 / 3] * 3
+
+
+def test_an_identical_second_run_reads_the_fit_back_and_a_changed_label_fits_again(tmp_path, monkeypatch):
+    import edgekit.data.oof as oof
+
+    examples, feats = separable()
+    cfg, store = LabelIssuesConfig(folds=4), ProbCache(tmp_path / "features", "featureskey")
+    first, s1 = issues_from_features(examples, feats, cfg, store)
+    assert not s1["intent"]["fit_reused"] and not s1["slots"]["fit_reused"]
+    assert len(list((tmp_path / "features").glob("oof-*.npy"))) == 2
+    fit = oof.oof_probs
+
+    def no_fit(*a, **k):
+        raise AssertionError("fitted again")
+
+    monkeypatch.setattr(oof, "oof_probs", no_fit)
+    second, s2 = issues_from_features(examples, feats, cfg, store)
+    assert second == first and s2["intent"]["fit_reused"] and s2["slots"]["fit_reused"]
+    monkeypatch.setattr(oof, "oof_probs", fit)
+    # other features, another fit setting, a fixed label: each fits again
+    for changed, other in ((examples, ProbCache(tmp_path / "features", "otherkey")),
+                           (examples, None), (examples[:3] + [Example(examples[3].words, "Play", examples[3].tags,
+                                                                       file="train.jsonl", line=4)] + examples[4:],
+                                              store)):
+        c = LabelIssuesConfig(folds=4, l2=0.01) if other is None else cfg
+        _, s = issues_from_features(changed, feats, c, other or store)
+        assert not s["intent"]["fit_reused"]
+    # a damaged file is fitted again, with a warning, to the same answer
+    for f in (tmp_path / "features").glob("oof-*.npy"):
+        f.write_bytes(b"not numpy")
+    third, s3 = issues_from_features(examples, feats, cfg, store)
+    assert third == first and not s3["intent"]["fit_reused"]
+
+
 def test_probabilities_are_out_of_fold():
     """Random features, random labels: a model that saw a row memorises it (in-sample accuracy near 1); one that
     did not is at chance. Each row's probabilities must be the second kind."""
@@ -135,10 +177,11 @@ def test_features_are_cached_by_texts_model_and_max_len(tmp_path):
     data = tiny_dataset(words)
     cfg = LabelIssuesConfig(folds=2, base_model=str(base))
     first = find_label_issues(data, cfg, tmp_path / "cache", progress=False)
-    files = list((tmp_path / "cache" / "features").iterdir())
-    assert first["summary"]["features"]["cached"] is False and len(files) == 1
+    files = sorted(p.name for p in (tmp_path / "cache" / "features").iterdir())
+    kept = [n.startswith("oof-intent-") or n.startswith("oof-slots-") or n.endswith(".safetensors") for n in files]
+    assert first["summary"]["features"]["cached"] is False and len(files) == 3 and all(kept), files
     second = find_label_issues(data, cfg, tmp_path / "cache", progress=False)
-    assert second["summary"]["features"]["cached"] is True
+    assert second["summary"]["features"]["cached"] is True and second["summary"]["intent"]["fit_reused"]
     assert second["rows"] == first["rows"]
     texts = [e.text for e in data.splits["train"]]
     a, info = cached_features(texts, base, cfg, tmp_path / "cache" / "features")
@@ -148,7 +191,7 @@ def test_features_are_cached_by_texts_model_and_max_len(tmp_path):
     assert info["cached"] is False
     _, info = cached_features(texts, base, LabelIssuesConfig(max_len=8, base_model=str(base)),
                               tmp_path / "cache" / "features")
-    assert info["cached"] is False and len(list((tmp_path / "cache" / "features").iterdir())) == 3
+    assert info["cached"] is False and len(list((tmp_path / "cache" / "features").glob("*.safetensors"))) == 3
 
 
 @pytest.mark.integration

@@ -1,5 +1,5 @@
-"""edgekit.serve.app's parts that need no running Ray: its settings, where Ray's session folder goes, and the pool that
-makes one model call of the batches Serve formed."""
+"""The parts of `edgekit serve` that need no running Ray: its settings, where Ray's session folder goes
+(edgekit.serve.app), and the pool that makes one model call of the batches Serve formed (edgekit.serve.calls)."""
 
 import asyncio
 import os
@@ -11,7 +11,8 @@ import pytest
 
 from edgekit.errors import EdgekitError
 from edgekit.serve import ray_env
-from edgekit.serve.app import Pool, in_calls, settings_of
+from edgekit.serve.app import settings_of
+from edgekit.serve.calls import Pool, in_calls
 from edgekit.serve.ray_env import RAY_SOCKET_TAIL, ray_temp_dir
 from edgekit.serve.settings import ServeSettings
 from tests.conftest import need_module
@@ -215,9 +216,9 @@ def test_an_address_this_machine_cannot_listen_on_is_one_line_before_ray_starts(
 
 
 def test_r14_edgekit_serve_answers_an_allow_list_outside_g_with_422_not_500():
-    """The server checks each item before a replica's batch runs (edgekit.serve.app.check_item): a list the graph
+    """The server checks each item before a replica's batch runs (edgekit.serve.calls.check_item): a list the graph
     can answer none of is the caller's error, 422 with R14's message, as Predictor.allowed raises it."""
-    from edgekit.serve.app import BadRequest, check_item
+    from edgekit.serve.calls import BadRequest, check_item
 
     intents, g = ["a", "b", "oos"], {"a", "b"}
     assert check_item({"text": "hi", "allow_intents": ["oos", "a"]}, intents, 100, answerable=g)["allow_intents"]
