@@ -74,7 +74,7 @@ def test_no_two_modules_import_each_other():
 
 
 NO_TORCH = ["edgekit.scoring.metrics", "edgekit.scoring.score", "edgekit.scoring.confidence", "edgekit.scoring.labels",
-            "edgekit.data.check", "edgekit.data.oof", "edgekit.engine.search", "edgekit.reporting.frontier",
+            "edgekit.data.check", "edgekit.data.oof", "edgekit.modeling.base_models", "edgekit.engine.search", "edgekit.reporting.frontier",
             "edgekit.tools.package_eval", "edgekit.tools.compare", "edgekit.engine.registry", "edgekit.engine.cache",
             "edgekit.cli"]
 

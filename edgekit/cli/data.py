@@ -19,29 +19,6 @@ log = logging.getLogger("edgekit")
 SHOWN = 5  # findings printed per kind; --json and --out list them all
 
 
-def _base_folder(name: str | None, models: Path) -> Path:
-    """--base-model's folder as edgekit.modeling.pretrained.base_folder finds it, without torch (which
-    pretrained imports): a name of base_models.toml (its data package, or its parts assembled) or a folder."""
-    import importlib
-    import tomllib
-
-    from edgekit.modeling import parts
-
-    table = tomllib.loads((Path(parts.__file__).parent / "base_models.toml").read_text(encoding="utf-8"))
-    name = name or table.pop("default")
-    spec = table.get(name)
-    if spec is None:
-        if not Path(name).is_dir():
-            raise EdgekitError(f"--base-model {name}: neither a folder nor one of {', '.join(table)}")
-        return Path(name)
-    if "parts" in spec:
-        return parts.assembled(spec, name, models)
-    try:
-        return Path(importlib.import_module(spec["module"]).get_model_path())
-    except ImportError:
-        raise EdgekitError(f"--base-model {name} ({spec['title']}) needs its package: {spec['install']}") from None
-
-
 class _Counted:
     """A tokenizer's piece counts, each text counted once: choose_max_len and the check both ask."""
 
@@ -60,11 +37,12 @@ def _lengths(data, base_model: str | None, cache: Path | None):
     cannot be read."""
     from edgekit.data.check import Lengths, choose_max_len
     from edgekit.engine.cache import default_dir
+    from edgekit.modeling.base_models import base_folder  # no torch, as this command promises
     from edgekit.text.vocab import from_wordpiece
 
     root = default_dir(str(cache) if cache else None)
     try:
-        folder = _base_folder(base_model, root / "models")
+        folder = base_folder(base_model, root / "models")
         vocab = (folder / "vocab.txt").read_text(encoding="utf-8").split("\n")
         hf = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         tokenizer, _ = from_wordpiece(vocab[:-1] if vocab[-1] == "" else vocab, cache_dir=root / "normalizer")
@@ -104,13 +82,14 @@ def _print(data, findings, notes: list[str]) -> None:
             typer.echo(f"  ... and {len(fs) - SHOWN:,} more (--json or --out DIR lists them all)")
 
 
-def _label_issues(data, out: Path, cache: Path | None, full: dict) -> None:
+def _label_issues(data, out: Path, cache: Path | None, full: dict, base_model: str | None) -> None:
     from edgekit.data.label_issues import LabelIssuesConfig, find_label_issues, write_label_issues
     from edgekit.io import write_json
     from edgekit.reporting.data_check import label_issues_text
 
     root = Path(cache).expanduser().resolve() if cache else None  # None: the build's cache folder
-    result = find_label_issues(data, LabelIssuesConfig(), cache_dir=root, progress=True)
+    result = find_label_issues(data, LabelIssuesConfig(base_model=base_model or "minilm"), cache_dir=root,
+                               progress=True)
     write_label_issues(result, out / "label_issues.jsonl")
     write_json(out / "data_check.json", {**full, "label_issues": result["summary"]})  # with the search's cost
     # stderr: with --json, stdout stays one JSON document
@@ -129,8 +108,9 @@ def data_check(
                                                 "DIR/label_issues.jsonl with --label-issues).")] = None,
     label_issues: Annotated[bool, typer.Option(help="Also search for mislabelled utterances (a cross-validated "
                                                "model's disagreement); needs --out.")] = False,
-    base_model: Annotated[Optional[str], typer.Option(help="Base model whose tokenizer counts the pieces (default: "
-                                                      "minilm); as `edgekit build --base-model`.")] = None,
+    base_model: Annotated[Optional[str], typer.Option(help="Base model whose tokenizer counts the pieces and whose "
+                                                      "features judge the labels (default: minilm); as `edgekit "
+                                                      "build --base-model`.")] = None,
     cache: CacheDir = None,
 ):
     """Check a dataset: duplicates, leakage, label conflicts, rare labels, invalid BIO, truncation.
@@ -155,7 +135,7 @@ def data_check(
     else:
         _print(data, findings, [note] + ([f"wrote {out / 'data_check.json'}"] if out is not None else []))
     if label_issues:
-        _label_issues(data, out, cache, full)
+        _label_issues(data, out, cache, full, base_model)
     if strict and findings:
         f = findings[0]
         raise EdgekitError(f"--strict: {len(findings):,} finding{'s' * (len(findings) != 1)} in {path}; first: "

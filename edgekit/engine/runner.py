@@ -54,7 +54,9 @@ def label_issues(ctx: Context) -> dict:
     OUT/label_issues.jsonl, its summary for report.json."""
     from edgekit.data.label_issues import LabelIssuesConfig, find_label_issues, write_label_issues
 
-    result = find_label_issues(ctx.data, LabelIssuesConfig(), cache_dir=ctx.cache.root, progress=True)
+    # the build's own base model (--base-model, else the profile's): its features judge the labels
+    cfg = LabelIssuesConfig(base_model=str(ctx.base_model)) if ctx.base_model else LabelIssuesConfig()
+    result = find_label_issues(ctx.data, cfg, cache_dir=ctx.cache.root, progress=True)
     write_label_issues(result, ctx.out / LABEL_ISSUES)
     return {**result["summary"], "file": LABEL_ISSUES}
 

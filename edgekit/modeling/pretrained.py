@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -16,11 +15,9 @@ import torch
 
 from edgekit.errors import EdgekitError
 from edgekit.modeling import mpnet
+from edgekit.modeling.base_models import BASE_MODELS, DEFAULT, base_folder  # noqa: F401 (their home before)
 from edgekit.modeling.model import JointModel, ModelConfig
 from edgekit.text.wordpiece import BERT_SPECIALS
-
-BASE_MODELS = tomllib.loads((Path(__file__).parent / "base_models.toml").read_text(encoding="utf-8"))
-DEFAULT = BASE_MODELS.pop("default")
 
 # Hugging Face BERT parameter names -> ours, after stripping an optional "bert." prefix.
 BERT_NAMES = [
@@ -56,30 +53,6 @@ ARCHS = {
 }
 SIZE_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
              "max_position_embeddings")
-
-
-def base_folder(name: str | None, models: Path | None = None) -> Path:
-    """`--base-model`: a short name from base_models.toml (default: minilm) or a local folder. `models` is where a
-    model shipped in parts is assembled (the build passes the stage cache's models/ folder)."""
-    from edgekit.modeling.parts import assembled
-
-    name = name or DEFAULT
-    spec = BASE_MODELS.get(name)
-    if spec is None:
-        if not Path(name).is_dir():
-            raise EdgekitError(f"--base-model {name}: neither a folder nor one of {', '.join(BASE_MODELS)}")
-        return Path(name)
-    if "parts" in spec:
-        if models is None:
-            raise ValueError(f"{name} is assembled from parts: give the folder to assemble it in")
-        return assembled(spec, name, models)
-    import importlib
-
-    try:
-        module = importlib.import_module(spec["module"])
-    except ImportError:
-        raise EdgekitError(f"--base-model {name} ({spec['title']}) needs its package: {spec['install']}") from None
-    return Path(module.get_model_path())
 
 
 def base_config(folder: str | Path) -> dict:

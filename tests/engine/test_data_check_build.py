@@ -37,6 +37,11 @@ def test_the_build_checks_its_data_and_reports_it(tmp_path, tiny_bert):
     other = prepare(dataclasses.replace(cfg, label_issues=True))  # prepare alone: the search runs in build()
     assert other.input_digest == ctx.input_digest
     assert key_of(other, "teacher", other.input_digest) == key_of(ctx, "teacher", ctx.input_digest)
+    # the search judges with the build's own base model (here the tiny one, not MiniLM)
+    from edgekit.engine.runner import label_issues
+
+    summary = label_issues(other)
+    assert summary["config"]["base_model"] == str(tiny_bert) and (tmp_path / "out" / "label_issues.jsonl").is_file()
 
 
 def test_clean_data_passes_strict_data(tmp_path, tiny_bert):
