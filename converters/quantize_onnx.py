@@ -230,6 +230,7 @@ def _weight_only(model, src: Path, dst: Path, cfg: QuantizeConfig, nodes: list[s
     return PassRecord("quantize_onnx", bytes_before=Path(src).stat().st_size, bytes_after=Path(dst).stat().st_size,
                       seconds=time.perf_counter() - t0, warnings=warnings,
                       extra={"method": "weight_only", "weight_bits": 8, "block": cfg.embedding_group,
+                             "weight4_block": weights.block if four else None,
                              "quantized_matmuls": sum(n.op_type == "MatMulNBits" for n in out.graph.node),
                              "weight4_matmuls": len(four), "weights": weights.to_dict(),
                              "excluded": sorted(exclude or ()), "embedding": emb, "nodes_before": before,

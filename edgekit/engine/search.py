@@ -190,18 +190,20 @@ def smallest(facts: Facts, cfg: SearchSettings, default_layers: int) -> int:
 
 
 
-def facts_of(data, tokenizer, hf: dict, max_len: int, buckets: list[int], quant, runtimes, corpus: list[str]) -> Facts:
+def facts_of(data, tokenizer, hf: dict, max_len: int, buckets: list[int], quant, runtimes, corpus: list[str],
+             n_base_words: int = 0) -> Facts:
     """The search's facts for a build: the task vocabulary as trim_vocab keeps it (every piece the base tokenizer
-    makes on the corpus, single characters included) and the teacher's shape from the base model's config. The
+    makes on the corpus, single characters included, and compress.base_words' words beside them) and the teacher's
+    shape from the base model's config. The
     decoding tables are counted without the intent-to-slot whitelist: whether it ships is decided after training
     (kept where it costs no dev slot F1), so the budget holds either way (SNIPS: 31.6 KB more than with it)."""
-    from edgekit.converters.trim_vocab import piece_counts, select_pieces
+    from edgekit.converters.trim_vocab import base_words, piece_counts, select_pieces
     from edgekit.engine.sizes import QuantSpec
     from edgekit.scoring.score import labels_of
     from edgekit.text.vocab import N_FIXED
 
     counts, chars = piece_counts(tokenizer, corpus)
-    kept = select_pieces(tokenizer, counts, chars, None)
+    kept = select_pieces(tokenizer, counts, chars, None, base_words(tokenizer, n_base_words))
     H, L, inner = hf["hidden_size"], hf["num_hidden_layers"], hf["intermediate_size"]
     heads = hf["num_attention_heads"]
     labels = labels_of(data)
@@ -245,7 +247,7 @@ def plan(ctx) -> dict | None:
         return None  # the budget is still held against the package written (limits.held)
     t0 = time.perf_counter()
     facts = facts_of(ctx.data, ctx.base_tokenizer, base_config(ctx.base_model), ctx.max_len,
-                     ctx.length_stats["buckets"], s.quantize, ctx.target.runtimes, corpus(ctx))
+                     ctx.length_stats["buckets"], s.quantize, ctx.target.runtimes, corpus(ctx), c.base_words)
     layers = max(1, facts.teacher_layers - c.prune_layers)
     own = (c.vocab_budget or 0, c.embedding_rank or 0, layers)
     levers = dataclasses.replace(s.search, vocab_budgets=s.search.vocab_budgets or [own[0]],

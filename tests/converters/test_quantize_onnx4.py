@@ -156,9 +156,16 @@ def test_patterns_choose_the_layers_and_weight_only_keeps_fp32_arithmetic(fp32, 
     rec = quantize_onnx(fp32, dst, QuantizeConfig(weight4=["*.fc1"]), xs, weights=OnnxWeights(linear_bits=4))
     assert [attrs(n)["bits"] for n in nodes(dst, "MatMulNBits")] == [4, 4] and rec.extra["weight4_matmuls"] == 2
     web = tmp_path / "web.onnx"
-    quantize_onnx(fp32, web, QuantizeConfig(weight4=WEIGHT4, onnx_weight_only=True), xs,
-                  weights=OnnxWeights(linear_bits=4, block=16))
+    rec = quantize_onnx(fp32, web, QuantizeConfig(weight4=WEIGHT4, onnx_weight_only=True), xs,
+                        weights=OnnxWeights(linear_bits=4, block=16))
     mm = nodes(web, "MatMulNBits")
+    # the record, and report.md from it, say which bits each part got
+    assert (rec.extra["weight4_matmuls"], rec.extra["weight4_block"], rec.extra["weight_bits"]) == (12, 16, 8)
+    from edgekit.reporting.markdown import _quantization
+
+    export = {"name": "export", "extra": {"onnx": {"extra": {"quantize": rec.extra}}}}
+    said = "\n".join(_quantization({"passes": [export]}))
+    assert "12 with 4-bit weights in blocks of 16 and the rest with 8-bit weights" in said, said
     assert sorted(attrs(n)["bits"] for n in mm) == [4] * 12 + [8]  # the slot head 8-bit; the intent Gemm FP32
     assert {attrs(n)["accuracy_level"] for n in mm} == {1} and not nodes(web, "DequantizeLinear")
     same = quantize_onnx(fp32, tmp_path / "w8.onnx", QuantizeConfig(weight4=WEIGHT4, onnx_weight_only=True), xs)

@@ -117,6 +117,12 @@ def test_a_build_under_a_size_budget_takes_the_first_shape_that_fits_before_any_
     assert first["chosen"] and first["emb_rank"] is None and first["layers"] == 2  # the full shape fits 10 MB
     facts = facts_of(roomy.data, roomy.base_tokenizer, base_config(roomy.base_model), roomy.max_len,
                      roomy.length_stats["buckets"], roomy.settings.quantize, roomy.target.runtimes, corpus(roomy))
+    # compress.base_words' words are kept beside the task's pieces: the search counts them as trim_vocab keeps them
+    # (three utterances: the tiny vocabulary's every word is a task word of the whole corpus)
+    few = [facts_of(roomy.data, roomy.base_tokenizer, base_config(roomy.base_model), roomy.max_len,
+                    roomy.length_stats["buckets"], roomy.settings.quantize, roomy.target.runtimes, corpus(roomy)[:3],
+                    n) for n in (0, 5)]
+    assert few[1].task_vocab > few[0].task_vocab and few[1].piece_utf8 > few[0].piece_utf8
     low = int(0.1 * facts.teacher_nonemb)
     full, step = _bytes(facts, even_shape(facts, facts.task_vocab, None, 2, low))
     budget = full + step - 1  # the full table no longer fits at its fewest parameters, with its reserve
