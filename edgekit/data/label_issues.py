@@ -276,7 +276,7 @@ def issues_from_features(examples: list, feats: Features, cfg: LabelIssuesConfig
     suggested as spans ({slot, start, end, words}; suggested: the given tags with each suspect word's replaced by
     the model's), suspect ([{word, text, tag, suggested}]). score: cleanlab's label quality, 0 (surely wrong) to 1."""
     fold = fold_of(np.unique(np.array([e.intent for e in examples], dtype=object), return_inverse=True)[1],
-                   cfg.folds, cfg.seed)
+                   cfg.folds, cfg.seed, [" ".join(e.text.casefold().split()) for e in examples])  # uncased encoder
     out: list[dict] = []
     found, summary = intent_issues(feats.utterance, [e.intent for e in examples], fold, cfg, store)
     summary = {"intent": summary}

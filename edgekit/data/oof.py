@@ -27,9 +27,10 @@ OOF_VERSION = 1  # bump when what a kept probability file holds, or how it is fi
 FIT_SETTINGS = {"intent": ("seed", "l2"), "slots": ("seed", "slot_hidden", "slot_steps", "slot_alpha", "context")}
 
 
-def fold_of(labels: list[int], folds: int, seed: int) -> np.ndarray:
+def fold_of(labels: list[int], folds: int, seed: int, groups: list | None = None) -> np.ndarray:
     """(N,) each utterance's fold, stratified by `labels` (its intent); a slot token takes its utterance's fold, so
-    the folds are grouped by utterance."""
+    the folds are grouped by utterance. Rows of one group (`groups`: the same text as the encoder reads it) share
+    the fold of the group's first row: a copy of a row in the training folds would vouch for its label."""
     from sklearn.model_selection import StratifiedKFold
 
     y = np.asarray(labels)
@@ -44,6 +45,9 @@ def fold_of(labels: list[int], folds: int, seed: int) -> np.ndarray:
             out[common[test]] = f
     few = np.flatnonzero(rare)[np.argsort(y[rare], kind="stable")]
     out[few] = (np.arange(len(few)) + seed) % k
+    if groups is not None:
+        _, first, inverse = np.unique(np.asarray(groups, dtype=object), return_index=True, return_inverse=True)
+        out = out[first[inverse]]
     return out
 
 

@@ -140,6 +140,16 @@ def test_folds_spread_a_rare_class_and_stratify_the_rest():
     assert all(np.bincount(fold[y == k], minlength=5).tolist() == [10] * 5 for k in (0, 1))
 
 
+def test_copies_of_one_text_share_a_fold():
+    y = np.array([0] * 50 + [1] * 50)
+    groups = [f"t{i}" for i in range(100)]
+    groups[7] = groups[60] = groups[93] = "same"  # one text three times, under both intents
+    plain, grouped = fold_of(y, 5, 0), fold_of(y, 5, 0, groups)
+    assert len({plain[7], plain[60], plain[93]}) > 1  # apart without groups (seed 0), so the test can fail
+    assert grouped[7] == grouped[60] == grouped[93] == plain[7]
+    assert (grouped != plain).sum() <= 2
+
+
 def test_word_means_average_each_words_pieces():
     h = np.arange(12, dtype=np.float32).reshape(6, 2)  # [CLS] a ##b c ##d [SEP]
     got = _word_means(h, [-1, 0, -1, 1, -1, -1], 2)
