@@ -85,14 +85,24 @@ def evaluate_package(package: str | Path, data: str | Path, runtime: str = "exec
     return out
 
 
+def _is_package(folder: Path) -> bool:
+    """`folder` holds an edgekit package's manifest (a web app's or an extension's manifest.json is no package)."""
+    try:
+        with open(folder / MANIFEST, "rb") as f:
+            head = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):  # none, unreadable, not JSON, or larger than any manifest edgekit writes
+        return False
+    return isinstance(head, dict) and str(head.get("created_by", "")).startswith("edgekit")
+
+
 def check_out_dir(out: Path, package: Path) -> None:
-    """Refuse an --out inside a package (the package folder, or any folder at or above --out holding a
+    """Refuse an --out inside a package (the package folder, or any folder at or above --out holding an edgekit
     manifest.json): `edgekit verify` refuses every file its manifest does not list. Or one that is a file."""
     try:
         if out.exists() and not out.is_dir():
             raise EdgekitError(f"--out {out}: a file, not a folder")
         pkg, here = package.resolve(), out.resolve()
-        inside = next((f for f in (here, *here.parents) if f == pkg or (f / MANIFEST).is_file()), None)
+        inside = next((f for f in (here, *here.parents) if f == pkg or _is_package(f)), None)
     except (OSError, ValueError) as e:  # a name the system refuses (a NUL byte, too long)
         raise EdgekitError(f"--out {out!r}: not a usable folder name ({e})") from None
     if inside is not None:

@@ -16,7 +16,7 @@ LABELS = {"intents": ["play", "stop"], "slot_tags": ["O", "B-song", "I-song"], "
 def test_out_inside_a_package_is_refused_in_one_line(tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
-    (pkg / "manifest.json").write_text("{}")
+    (pkg / "manifest.json").write_text('{"created_by": "edgekit 0.4.0"}')
     # checked before the package is opened: the package itself, a folder inside it, and a file
     for out in (pkg, pkg / "eval" / "deeper"):
         assert_one_line_error(run("eval", str(pkg), "--data", str(DEMO), "--out", str(out)), f"--out {out}",
@@ -24,8 +24,13 @@ def test_out_inside_a_package_is_refused_in_one_line(tmp_path):
     assert sorted(p.name for p in pkg.iterdir()) == ["manifest.json"]  # nothing written, no folder made
     other = tmp_path / "elsewhere"
     other.mkdir()
-    (other / "manifest.json").write_text("{}")  # another package's folder: the same stray files for its verify
-    assert_one_line_error(run("eval", str(pkg), "--data", str(DEMO), "--out", str(other)), "manifest.json")
+    (other / "manifest.json").write_text('{"created_by": "edgekit 0.3.0"}')  # another package: the same strays
+    assert_one_line_error(run("eval", str(pkg), "--data", str(DEMO), "--out", str(other / "eval")), "manifest.json")
+    # a manifest.json that is no edgekit package's (a web app's) does not stop an evaluation beside it
+    web = tmp_path / "site"
+    web.mkdir()
+    (web / "manifest.json").write_text('{"name": "my app", "start_url": "/"}')
+    assert "--out" not in run("eval", str(pkg), "--data", str(DEMO), "--out", str(web / "eval")).stderr
     (tmp_path / "f.txt").write_text("")
     assert_one_line_error(run("eval", str(pkg), "--data", str(DEMO), "--out", str(tmp_path / "f.txt")),
                           "a file, not a folder")
