@@ -111,6 +111,8 @@ def data_check(
     base_model: Annotated[Optional[str], typer.Option(help="Base model whose tokenizer counts the pieces and whose "
                                                       "features judge the labels (default: minilm); as `edgekit "
                                                       "build --base-model`.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the dev and test splits drawn where the data has none, as "
+                                      "`edgekit build --seed` draws them.")] = 0,
     cache: CacheDir = None,
 ):
     """Check a dataset: duplicates, leakage, label conflicts, rare labels, invalid BIO, truncation.
@@ -123,7 +125,7 @@ def data_check(
 
     if label_issues and out is None:
         raise EdgekitError("--label-issues writes label_issues.jsonl: give --out DIR")
-    data = load_dataset(path, format)  # splits the data lacks are drawn as a build (--seed 0) draws them
+    data = load_dataset(path, format, seed)  # splits the data lacks are drawn as a build with this --seed draws them
     lengths, note = _lengths(data, base_model, cache)
     findings = check_dataset(data, lengths=lengths)
     full = {"data": data.summary(), "max_len": lengths.max_len if lengths else None, "note": note,

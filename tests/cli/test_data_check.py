@@ -54,3 +54,12 @@ def test_the_check_loads_no_torch(tmp_path, tiny_bert):
     assert res.returncode == 0, res.stderr
     assert "max_len 8" in res.stdout and "duplicate" in res.stdout  # the tokenizer ran
     assert res.stdout.strip().endswith("no torch")
+
+
+def test_seed_draws_the_missing_splits_as_a_build_with_that_seed_does(tmp_path, tiny_bert):
+    path = tmp_path / "d.jsonl"  # no dev or test: both drawn, with --seed as a build draws them
+    path.write_text("".join(json.dumps({"text": f"play song {i}", "intent": "ab"[i % 2]}) + "\n" for i in range(60)))
+    for seed in (0, 3):
+        res = run("data", "check", str(path), "--seed", str(seed), "--json", "--base-model", str(tiny_bert))
+        notes = json.loads(res.stdout)["data"]["notes"]
+        assert f"test: a deterministic stratified 10% of train (seed {seed})" in notes, notes
