@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from edgekit.converters.onnx_weights import OnnxWeights
 from edgekit.record import PassRecord
 
 METHODS = ("minmax", "percentile", "entropy")
@@ -84,8 +85,6 @@ class QuantizeConfig:
 
     def onnx_weights(self):
         """The ONNX Runtime weight settings as quantize_onnx takes them."""
-        from edgekit.converters.quantize_onnx import OnnxWeights  # here: quantize_onnx imports this module
-
         return OnnxWeights(self.onnx_linear_bits, self.onnx_block, self.onnx_accuracy_level, self.onnx_embedding_scales)
 
 

@@ -58,9 +58,9 @@ def test_runtime_imports_only_itself(path):
 
 
 def module_of(path: Path) -> str:
-    """The dotted name a source file is imported as (runtime/ is edgekit.runtime)."""
+    """The dotted name a source file is imported as (runtime/ is edgekit.runtime, converters/ edgekit.converters)."""
     parts = list(path.relative_to(REPO).with_suffix("").parts)
-    parts = ["edgekit", "runtime", *parts[1:]] if parts[0] == "runtime" else parts
+    parts = ["edgekit", *parts] if parts[0] in ("runtime", "converters") else parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -74,7 +74,8 @@ def test_no_two_modules_import_each_other():
 
 
 NO_TORCH = ["edgekit.scoring.metrics", "edgekit.scoring.score", "edgekit.scoring.confidence", "edgekit.scoring.labels",
-            "edgekit.data.check", "edgekit.data.oof", "edgekit.modeling.base_models", "edgekit.engine.search", "edgekit.reporting.frontier",
+            "edgekit.data.check", "edgekit.data.oof", "edgekit.modeling.base_models", "edgekit.engine.search",
+            "edgekit.reporting.frontier", "edgekit.converters.onnx_weights",
             "edgekit.tools.package_eval", "edgekit.tools.compare", "edgekit.engine.registry", "edgekit.engine.cache",
             "edgekit.cli"]
 

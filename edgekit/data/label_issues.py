@@ -264,6 +264,14 @@ def _spans(tags: list[str], words: list[str]) -> list[dict]:
         chunks(tags), key=lambda c: (c[1], c[2]))]
 
 
+def model_text(ex) -> str:
+    """The utterance as the uncased tokenizer reads it (case, accents, spaces, punctuation spacing folded; as
+    `edgekit data check` finds near-duplicates): copies under this text are one input to the model."""
+    from edgekit.data.check import read_as_model
+
+    return " ".join(w for w in read_as_model(ex.words) if w)
+
+
 def _where(ex, i: int) -> dict:
     return {"index": i, "file": ex.file, "line": ex.line, "text": ex.text}
 
@@ -276,7 +284,7 @@ def issues_from_features(examples: list, feats: Features, cfg: LabelIssuesConfig
     suggested as spans ({slot, start, end, words}; suggested: the given tags with each suspect word's replaced by
     the model's), suspect ([{word, text, tag, suggested}]). score: cleanlab's label quality, 0 (surely wrong) to 1."""
     fold = fold_of(np.unique(np.array([e.intent for e in examples], dtype=object), return_inverse=True)[1],
-                   cfg.folds, cfg.seed, [" ".join(e.text.casefold().split()) for e in examples])  # uncased encoder
+                   cfg.folds, cfg.seed, [model_text(e) for e in examples])
     out: list[dict] = []
     found, summary = intent_issues(feats.utterance, [e.intent for e in examples], fold, cfg, store)
     summary = {"intent": summary}

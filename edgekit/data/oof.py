@@ -129,9 +129,14 @@ class ProbCache:
     features: str
 
     def key(self, kind: str, y: np.ndarray, fold: np.ndarray, n_classes: int, cfg) -> str:
+        """The probabilities' key: everything the fit reads (the features by their key, the labels as class ids,
+        the folds, the fit's settings) and the scikit-learn that fits them."""
+        from importlib.metadata import version
+
         h = hashlib.sha256(json.dumps({"features": self.features, "kind": kind, "classes": n_classes,
                                        "fit": {k: getattr(cfg, k) for k in FIT_SETTINGS[kind]},
-                                       "version": OOF_VERSION}, sort_keys=True).encode())
+                                       "sklearn": version("scikit-learn"), "version": OOF_VERSION},
+                                      sort_keys=True).encode())
         h.update(np.ascontiguousarray(y, np.int64).tobytes())
         h.update(np.ascontiguousarray(fold, np.int64).tobytes())
         return h.hexdigest()[:32]

@@ -161,7 +161,11 @@ class StageCache:
         return Entry(stage, key, final, result)
 
     def drop(self, stage: str, key: str) -> None:
-        shutil.rmtree(self.root / stage / key, ignore_errors=True)
+        path = self.root / stage / key
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:  # an entry that is one file: the label-issue search's features and probabilities (features/)
+            path.unlink(missing_ok=True)
 
     def entries(self) -> list[dict]:
         """Every entry: stage, key, bytes, last use (seconds since the epoch)."""
@@ -169,7 +173,8 @@ class StageCache:
         for stage_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and p.name != "tmp") \
                 if self.root.is_dir() else []:
             for e in sorted(stage_dir.iterdir()):
-                size = sum(f.stat().st_size for f in e.rglob("*") if f.is_file())
+                files = [e] if e.is_file() else [f for f in e.rglob("*") if f.is_file()]
+                size = sum(f.stat().st_size for f in files)
                 out.append({"stage": stage_dir.name, "key": e.name, "bytes": size, "used": e.stat().st_mtime})
         return out
 

@@ -240,11 +240,12 @@ def _quantization(rep: dict) -> list[str]:
     emb4 = (f"; word embeddings 4-bit in groups of {oq['embedding']['group']} (GatherBlockQuantized)"
             if oq and oq.get("embedding") else "; word embeddings FP32")
     if weight_only:
-        n4 = oq.get("weight4_matmuls") or 0  # quantize.onnx_linear_bits 4: weight4's Linears at 4 bits
-        four = f"{n4} with 4-bit weights in blocks of {oq.get('weight4_block')} and the rest with " if n4 else ""
-        lines.append(f"- ONNX Runtime (weight only, quantize.onnx_weight_only): {oq['quantized_matmuls']} MatMuls, "
-                     f"{four}{oq['weight_bits']}-bit weights in blocks of {oq['block']}, FP32 activations "
-                     f"(MatMulNBits), nothing calibrated" + emb4 + ".")
+        n, n4 = oq["quantized_matmuls"], oq.get("weight4_matmuls") or 0  # onnx_linear_bits 4: weight4's at 4 bits
+        eight = f"{oq['weight_bits']}-bit weights in blocks of {oq['block']}"
+        four = f"4-bit weights in blocks of {oq.get('weight4_block')}"
+        bits = eight if not n4 else four if n4 >= n else f"{n4} with {four} and the rest with {eight}"
+        lines.append(f"- ONNX Runtime (weight only, quantize.onnx_weight_only): {n} MatMuls, {bits}, FP32 "
+                     f"activations (MatMulNBits), nothing calibrated" + emb4 + ".")
     elif oq:
         lines.append(f"- ONNX Runtime (quantize_static, QDQ, per-channel): {oq['quantized_matmuls']} MatMul/Gemm "
                      f"layers, calibration {oq['method']}"

@@ -265,7 +265,12 @@ def test_cache_ls_and_prune(tmp_path):
     assert_one_line_error(run("cache", "prune", "--cache", str(tmp_path / "c")), "--older-than")
     res = run("cache", "prune", "--cache", str(tmp_path / "c"), "--older-than", "1")
     assert "removed 0 entries" in res.stdout
+    (tmp_path / "c" / "features").mkdir()  # the label-issue search keeps files, not folders, as its entries
+    (tmp_path / "c" / "features" / "oof-slots-0123.npy").write_bytes(b"y" * 500)
+    result = (tmp_path / "c" / "teacher" / ("ab" * 32) / "result.json").stat().st_size
+    assert {e["key"]: e["bytes"] for e in c.entries()} == {"ab" * 32: 1000 + result, "oof-slots-0123.npy": 500}
     res = run("cache", "prune", "--cache", str(tmp_path / "c"), "--all")
-    assert "removed 1 entries" in res.stdout and c.entries() == []
+    assert "removed 2 entries" in res.stdout and c.entries() == []
+    assert not any((tmp_path / "c" / "features").iterdir())
     res = run("cache", "ls", "--cache", str(tmp_path / "typo"))  # a folder no build used: said, not "0 entries"
     assert res.returncode == 0 and "no stage cache in" in res.stdout and not (tmp_path / "typo").exists()

@@ -114,6 +114,12 @@ def test_an_identical_second_run_reads_the_fit_back_and_a_changed_label_fits_aga
         c = LabelIssuesConfig(folds=4, l2=0.01) if other is None else cfg
         _, s = issues_from_features(changed, feats, c, other or store)
         assert not s["intent"]["fit_reused"]
+    # a slot tag fixed: the slots fit again, the intents (same labels, same folds) are read back
+    fixed = list(examples)
+    fixed[10] = Example(examples[10].words, examples[10].intent, ["O", "B-city", "I-city", "O"], file="train.jsonl",
+                        line=11)
+    _, s = issues_from_features(fixed, feats, cfg, store)
+    assert s["intent"]["fit_reused"] and not s["slots"]["fit_reused"]
     # a damaged file is fitted again, with a warning, to the same answer
     for f in (tmp_path / "features").glob("oof-*.npy"):
         f.write_bytes(b"not numpy")

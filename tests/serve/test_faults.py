@@ -151,7 +151,13 @@ class Load:
         while not self.stop.is_set():
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
             try:
-                status, data = self.request(conn, "GET", "/healthz")
+                try:
+                    status, data = self.request(conn, "GET", "/healthz")
+                except http.client.IncompleteRead:  # cut mid-write by the kill, as a /predict answer can be
+                    with self.lock:
+                        self.cut.append(time.time())
+                    conn.close()
+                    status, data = self.request(conn, "GET", "/healthz")
                 self.health.append((time.time(), status, json.loads(data).get("replica") if status == 200 else None))
             except Exception as e:
                 self.health.append((time.time(), f"{type(e).__name__}: {e}", None))
