@@ -296,44 +296,72 @@ def _table(name: str, values: dict):
 
 def _recipe(base_model: str | None) -> dict:
     """The [teacher] settings base_models.toml gives the named base model (a folder: none)."""
-    from edgekit.modeling.pretrained import BASE_MODELS, DEFAULT
+    from edgekit.modeling.base_models import BASE_MODELS, DEFAULT
 
     return dict(BASE_MODELS.get(base_model or DEFAULT, {}).get("teacher", {}))
 
 
-def resolve(cfg: BuildConfig) -> tuple[Target, Settings]:
-    """The profile and every setting, merged in order and validated: fails before any work."""
-    if cfg.task != "intent":
-        raise EdgekitError(f"unknown --task {cfg.task!r}; supported: intent")
-    target = load_target(cfg.target)
-    _check_layer(target.source, target.tables)
-    tables = {name: merge_tables(_recipe(cfg.base_model or target.base_model), target.tables.get(name, {}))
-              if name == "teacher"
-              else dict(target.tables.get(name, {})) for name in TABLES}
-    layers = []
-    if cfg.config:
-        path = Path(cfg.config)
-        try:
-            extra = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise EdgekitError(f"{path}: --config file not found") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise EdgekitError(f"{path}: cannot read the --config file ({getattr(e, 'strerror', None) or e})") \
-                from None
-        except tomllib.TOMLDecodeError as e:
-            raise EdgekitError(f"{path}: {e}") from None
-        layers.append((str(path), extra))
-    layers.append(("settings", cfg.settings))
+def _config_file(path: Path) -> dict:
+    """--config: a build.toml's tables, or one line naming the file."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EdgekitError(f"{path}: --config file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise EdgekitError(f"{path}: cannot read the --config file ({getattr(e, 'strerror', None) or e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise EdgekitError(f"{path}: {e}") from None
+
+
+def layers_of(cfg: BuildConfig, target: Target) -> list[tuple[str, dict]]:
+    """Every source of settings as (origin, tables), the lowest first: the base model's teacher recipe, the
+    profile, --config, `settings`, --set. A later source's keys replace an earlier one's."""
     sets: dict = {}
     for item in cfg.sets:
         table, key, value = parse_set(item)
         sets.setdefault(table, {})[key] = value
-    layers.append(("--set", sets))
-    batch_from = target.source  # who asked for a batched graph, for the message below
+    return [("base_models.toml", {"teacher": _recipe(cfg.base_model or target.base_model)}),
+            (target.source, target.tables),
+            *([(cfg.config, _config_file(Path(cfg.config)))] if cfg.config else []),
+            ("settings", cfg.settings), ("--set", sets)]
+
+
+def _stages(cfg: BuildConfig, target: Target) -> list[str]:
+    stages = list(cfg.stages or target.stages)
+    unknown = [s for s in stages if s not in ORDER]
+    if unknown:
+        raise EdgekitError(f"unknown stage {unknown[0]!r}; stages: {', '.join(ORDER)}")
+    if stages[0] != "teacher" or stages[-1] != "package" or "export" not in stages[-3:]:
+        raise EdgekitError("stages must start with teacher and end with export, (fuse,) package")
+    if [ORDER.index(x) for x in stages] != sorted({ORDER.index(x) for x in stages}):
+        raise EdgekitError(f"stages run in this order, each once: {', '.join(ORDER)}")
+    return stages
+
+
+def _check_together(cfg: BuildConfig, target: Target, settings: Settings, layers: list) -> None:
+    """What no single table can check: settings against the profile and each other."""
+    if settings.server.batch and "executorch" in target.runtimes:
+        batch_from = next((o for o, layer in reversed(layers) if "batch" in layer.get("server", {})), target.source)
+        raise EdgekitError(f"{batch_from}: server.batch needs a profile with runtimes = [\"onnx\"] ({target.source} "
+                           "has executorch, whose packages take one utterance per call)")
+    if cfg.intents is not None and not cfg.intents:
+        raise EdgekitError("--intents is empty")
+    if settings.limits.max_latency is not None and not settings.package.bench_utterances:
+        raise EdgekitError("limits.max_latency (--max-latency) is held against the p50 the package stage measures; "
+                           "package.bench_utterances = 0 measures none")
+
+
+def resolve(cfg: BuildConfig) -> tuple[Target, Settings]:
+    """The profile and every setting, merged in order and validated: fails before any work. One pass: every source
+    read (layers_of), each checked by name, merged lowest first; then the common flags, the tables' own checks,
+    the stages, and what the settings must satisfy together."""
+    if cfg.task != "intent":
+        raise EdgekitError(f"unknown --task {cfg.task!r}; supported: intent")
+    target = load_target(cfg.target)
+    layers = layers_of(cfg, target)
+    tables: dict[str, dict] = {name: {} for name in TABLES}
     for origin, layer in layers:
         _check_layer(origin, layer)
-        if "batch" in layer.get("server", {}):
-            batch_from = origin
         for name, values in layer.items():
             tables[name] = merge_tables(tables[name], values)
     # The common flags come last: --seed seeds every pass, unless distill.seed is set (seeds of the student alone,
@@ -344,20 +372,6 @@ def resolve(cfg: BuildConfig) -> tuple[Target, Settings]:
         tables["distill"]["seed"] = cfg.seed
     tables["distill"].setdefault("steps_limit", tables["teacher"].get("steps_limit"))
     settings = Settings(**{name: _table(name, tables[name]) for name in TABLES})
-    stages = list(cfg.stages or target.stages)
-    unknown = [s for s in stages if s not in ORDER]
-    if unknown:
-        raise EdgekitError(f"unknown stage {unknown[0]!r}; stages: {', '.join(ORDER)}")
-    if stages[0] != "teacher" or stages[-1] != "package" or "export" not in stages[-3:]:
-        raise EdgekitError("stages must start with teacher and end with export, (fuse,) package")
-    if [ORDER.index(x) for x in stages] != sorted({ORDER.index(x) for x in stages}):
-        raise EdgekitError(f"stages run in this order, each once: {', '.join(ORDER)}")
-    if settings.server.batch and "executorch" in target.runtimes:
-        raise EdgekitError(f"{batch_from}: server.batch needs a profile with runtimes = [\"onnx\"] ({target.source} "
-                           "has executorch, whose packages take one utterance per call)")
-    if cfg.intents is not None and not cfg.intents:
-        raise EdgekitError("--intents is empty")
-    if settings.limits.max_latency is not None and not settings.package.bench_utterances:
-        raise EdgekitError("limits.max_latency (--max-latency) is held against the p50 the package stage measures; "
-                           "package.bench_utterances = 0 measures none")
+    stages = _stages(cfg, target)
+    _check_together(cfg, target, settings, layers)
     return dataclasses.replace(target, stages=stages), settings
