@@ -52,6 +52,20 @@ def test_ios_states_only_its_differences_from_android():
     assert a[1].compress.vocab_budget == 10000 and a[1].distill.word_pool and a[1].distill.epochs == 10
 
 
+def test_trim_gate_judges_the_vocabulary_not_the_factorised_table(tmp_path, tiny_bert):
+    """A factorised embedding is recovered by distillation, whose gate holds the student: the trim gate measures
+    the same vocabulary unfactorised, so the full task vocabulary passes even a zero tolerance."""
+    rep = build(BuildConfig(data=str(DEMO), out=str(tmp_path / "o"), base_model=str(tiny_bert),
+                            target=profile(tmp_path, intent_drop_pts=0.0, slot_f1_drop_pts=0.0),
+                            stages=["teacher", "trim_vocab", "export", "package"], settings=FAST,
+                            sets=["compress.vocab_budget=0", "compress.embedding_rank=2", "compress.max_retries=0"]))
+    trim = next(p for p in rep["passes"] if p["name"] == "trim_vocab")
+    assert trim["extra"]["embedding_rank"] == 2 and trim["extra"]["svd_energy_kept"] < 1.0  # it did factorise
+    assert trim["extra"]["tries"][0]["passed"] and rep["over_budget"] is None
+    # what the gate did not judge is still shown: the factorised table's test score, before any distillation
+    assert trim["metrics"]["intent_acc"] <= rep["stages"][0]["intent_acc"]
+
+
 def test_trim_gate_backs_off_to_a_larger_vocabulary(tmp_path, tiny_bert):
     # zero tolerance: only the lossless (full task) vocabulary passes, after backing off from 330 pieces
     rep = build(BuildConfig(data=str(DEMO), out=str(tmp_path / "o"), base_model=str(tiny_bert),
