@@ -80,12 +80,18 @@ def test_missing_package_dir(tmp_path):
     assert_one_line_error(run("doctor", str(tmp_path / "nope")), "no such package directory")  # bad input: 2
 
 
-def test_bad_data_names_file_and_line(tmp_path):
-    d = tmp_path / "data" / "train"
+def bad_jointbert(folder):
+    """A JointBERT folder whose train/seq.out line 2 has 2 tags for 3 words."""
+    d = folder / "train"
     d.mkdir(parents=True)
     (d / "seq.in").write_text("a b\nc d e\n")
     (d / "seq.out").write_text("O O\nO O\n")
     (d / "label").write_text("x\ny\n")
+    return folder
+
+
+def test_bad_data_names_file_and_line(tmp_path):
+    d = bad_jointbert(tmp_path / "data") / "train"
     assert_one_line_error(run("build", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "o")),
                           "seq.out:2:", "2 tags")
     (d / "label").unlink()

@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from tests.cli.test_cli import assert_one_line_error, run
+from tests.cli.test_cli import assert_one_line_error, bad_jointbert, run
 from tests.data.test_check import dataset
 
 
@@ -34,11 +34,7 @@ def test_strict_json_and_out(tmp_path, tiny_bert):
 
 
 def test_bad_data_is_one_line_with_exit_2(tmp_path):
-    d = tmp_path / "data" / "train"
-    d.mkdir(parents=True)
-    (d / "seq.in").write_text("a b\nc d e\n")
-    (d / "seq.out").write_text("O O\nO O\n")
-    (d / "label").write_text("x\ny\n")
+    bad_jointbert(tmp_path / "data")
     assert_one_line_error(run("data", "check", str(tmp_path / "data")), "seq.out:2:", "2 tags")
     assert_one_line_error(run("data", "check", str(tmp_path / "missing")), "no such file or folder")
     assert_one_line_error(run("data", "check", str(tmp_path / "data"), "--label-issues"), "give --out DIR")
