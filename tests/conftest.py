@@ -106,7 +106,7 @@ def stage_cache(tmp_path_factory):
 COST_S = {"test_integration.py": 305, "engine/test_pipeline.py": 285, "serve/test_serve.py": 200,
           "converters/test_quantize.py": 195, "cli/test_cli_fuzz.py": 120, "serve/test_faults.py": 110,
           "cli/test_cli.py": 95, "serve/test_web.py": 85, "engine/test_compress.py": 80,
-          "converters/test_optimize_onnx.py": 130, "engine/test_strong_teacher.py": 60, "test_repro.py": 75, "test_golden.py": 70, "tools/test_doctor.py": 35,
+          "converters/test_optimize_onnx.py": 130, "engine/test_latency.py": 90, "engine/test_strong_teacher.py": 60, "test_repro.py": 75, "test_golden.py": 70, "tools/test_doctor.py": 35,
           "converters/test_decoding.py": 50, "runtime/test_contract.py": 50, "converters/test_export.py": 50,
           "runtime/test_buckets.py": 35, "data/test_readers_fuzzed.py": 30, "runtime/test_package_json.py": 30,
           "runtime/test_package.py": 25, "runtime/test_rules.py": 20}

@@ -60,6 +60,8 @@ def build(
                                                     "the package is written, marked over budget, exit code 3.")] = None,
     max_latency: Annotated[Optional[str], typer.Option(help="Latency budget: the p50 the package stage measures on "
                                                        "this machine, e.g. 0.4ms (us, ms, s); limits.max_latency. "
+                                                       "Android and iOS choose the student's shape by a latency "
+                                                       "model fitted here (minutes, once per machine and settings). "
                                                        "Missed: exit code 3, as --max-size.")] = None,
 ):
     """Fine-tune, compress and export a model for a target, and write a verified package.

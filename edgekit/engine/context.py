@@ -57,7 +57,7 @@ class Context:
     unlabelled: list = field(default_factory=list)  # distill.unlabelled's utterances, read and checked by prepare
     unlabelled_dropped: int = 0  # of its lines, those equal to a dev or test utterance
     data_check: dict | None = None  # the data check's summary (edgekit.data.check.summary), run by prepare
-    search: dict | None = None  # limits.max_size: the shapes the size search weighed and the one chosen (search.py)
+    search: dict | None = None  # limits.max_size / max_latency: the shapes the search weighed, the one chosen
     label_issues: dict | None = None  # --label-issues: the search's summary; its rows in OUT/label_issues.jsonl
     trim_vocab: TrimResult | None = None
     prune: PruneResult | None = None

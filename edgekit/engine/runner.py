@@ -225,7 +225,7 @@ def prepare(cfg: BuildConfig, check: bool = True) -> Context:
     digest = input_digest(data, cfg.out, base, sp)
     ctx = Context(cfg, settings, target, data, Path(cfg.out), max_len, stats, tokenizer, rows, target.stages,
                   cache, digest, base_model=base, data_check=checked)
-    ctx.search = search.plan(ctx)  # limits.max_size: the student's shape, by arithmetic, before any training
+    ctx.search = search.plan(ctx)  # limits.max_size / max_latency: the student's shape, before any training
     d = settings.distill
     if d.unlabelled and "distill" in ctx.stages:  # read now: a bad line is refused before any training
         ctx.unlabelled, ctx.unlabelled_dropped = unlabelled_pool(Path(d.unlabelled), d.unlabelled_max, data)

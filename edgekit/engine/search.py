@@ -1,5 +1,6 @@
-"""The student's shape under a size budget (issue 56): a small grid of levers, each candidate's package bytes from
-`sizes.package_bytes` before any training, and the non-embedding parameters solved to fill what the budget leaves.
+"""The student's shape under a size or latency budget (issue 56): a small grid of levers, each candidate's package
+bytes from `sizes.package_bytes` before any training, and the non-embedding parameters solved to fill what the
+budget leaves; under a latency budget, capped where `latency.py`'s model of this machine predicts the budget.
 
 Levers, from the profile's `[search]` table: the vocabulary (every task piece, or a budget of the most frequent), the
 word embedding's rank (the full (V, H) table, or an SVD factorisation that distillation recovers), and the student's
@@ -15,9 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from dataclasses import dataclass, field
 
 from edgekit.engine.sizes import SEGMENT, QuantSpec, StudentShape, linear_tensors, linears, package_bytes
+
+log = logging.getLogger("edgekit")
 
 
 @dataclass
@@ -72,7 +76,8 @@ class Facts:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One shape: its levers, the non-embedding parameters that fill the budget, and its predicted bytes."""
+    """One shape: its levers, the non-embedding parameters that fill the budget, its predicted bytes, and its p50
+    as the latency model predicts it (None without a latency budget)."""
 
     vocab: int
     emb_rank: int | None
@@ -80,6 +85,7 @@ class Candidate:
     nonemb: int
     size_bytes: int
     reserve_bytes: int
+    p50_ms_model: float | None = None
 
     def settings(self, facts: Facts, vocab_budget: int) -> dict:
         """The build settings this candidate stands for ([compress]): the prune target as a share of the teacher's
@@ -129,13 +135,17 @@ def _bytes(facts: Facts, shape: StudentShape) -> tuple[int, int]:
     return got["size_bytes"], step
 
 
-def fill(facts: Facts, vocab: int, rank: int | None, layers: int, max_size: int, reserve_steps: int,
+def fill(facts: Facts, vocab: int, rank: int | None, layers: int, max_size: int | None, reserve_steps: int,
          low: int, high: int) -> Candidate | None:
     """The candidate with the most non-embedding parameters in [low, high] whose bytes plus reserve fit max_size
-    (bisection: bytes grow with parameters), or None when even `low` does not fit."""
+    (None: any; bisection: bytes grow with parameters), or None when even `low` does not fit. The even shape's
+    heads and channels are whole, so its parameters may pass `high` by a rounding: they never do."""
     def fits(n: int) -> tuple[bool, int, int]:
-        size, step = _bytes(facts, even_shape(facts, vocab, rank, layers, n))
-        return size + reserve_steps * step <= max_size, size, step
+        shape = even_shape(facts, vocab, rank, layers, n)
+        size, step = _bytes(facts, shape)
+        # `low` is the floor the levers allow: its rounding is taken as it comes
+        ok = (max_size is None or size + reserve_steps * step <= max_size) and (n == low or shape_params(shape) <= high)
+        return ok, size, step
 
     if not fits(low)[0]:
         return None
@@ -159,22 +169,43 @@ def profile_target(facts: Facts, vocab: int, rank: int | None, layers: int, para
     return int(target) - overhead(facts, layers)
 
 
-def candidates(facts: Facts, cfg: SearchSettings, max_size: int, default_layers: int, param_share: float = 1.0,
-               total_share: float = 1.0) -> list[Candidate]:
-    """Every lever combination that fits max_size, each filled to the budget but never past what the profile's
-    shares give it (the search shrinks a student to fit; it does not grow one), in the order of the levers."""
+def lowest(facts: Facts, cfg: SearchSettings) -> int:
+    """The fewest layer parameters a candidate may keep (min_param_share of the teacher's)."""
+    return int(cfg.min_param_share * facts.teacher_nonemb)
+
+
+def widest(facts: Facts, layers: int) -> int:
+    """The most layer parameters `layers` layers may keep: each as wide as a teacher layer (prune removes, it never
+    adds a head or a channel)."""
+    return layers * (facts.teacher_nonemb - overhead(facts, facts.teacher_layers)) // facts.teacher_layers
+
+
+def candidates(facts: Facts, cfg: SearchSettings, max_size: int | None, default_layers: int, param_share: float = 1.0,
+               total_share: float = 1.0, latency=None, most: int | None = None) -> list[Candidate]:
+    """Every lever combination that fits max_size (None: any), each filled to the budget but never past what the
+    profile's shares give it (the search shrinks a student to fit; it does not grow one), in the order of the
+    levers. latency: (LatencyModel, ms): also no more parameters than the model predicts within ms (each candidate
+    carries its predicted p50). most: no more layer parameters than this."""
     out, seen = [], set()
-    low = int(cfg.min_param_share * facts.teacher_nonemb)
+    low = lowest(facts, cfg)
     for budget, rank, layers in itertools.product(cfg.vocab_budgets or [0], cfg.embedding_ranks or [0],
                                                   cfg.layers or [default_layers]):
         vocab = min(budget or facts.task_vocab, facts.task_vocab)
         if layers > facts.teacher_layers or rank >= facts.hidden or (vocab, rank, layers) in seen:
             continue
         seen.add((vocab, rank, layers))
-        high = profile_target(facts, vocab, rank, layers, param_share, total_share)
-        c = fill(facts, vocab, rank, layers, max_size, cfg.reserve_steps, low, max(low, high))
+        high = min(max(low, profile_target(facts, vocab, rank, layers, param_share, total_share)),
+                   widest(facts, layers))
+        if most is not None:
+            high = min(high, max(low, most))
+        if latency is not None and most is None:
+            high = min(high, latency[0].max_params(layers, latency[1]))
+            if high < low:
+                continue
+        c = fill(facts, vocab, rank, layers, max_size, cfg.reserve_steps, low, high)
         if c is not None:
-            out.append(c)
+            p50 = None if latency is None else round(latency[0].predict(layers, c.nonemb), 4)
+            out.append(dataclasses.replace(c, p50_ms_model=p50))
     return out
 
 
@@ -184,7 +215,7 @@ def smallest(facts: Facts, cfg: SearchSettings, default_layers: int) -> int:
     vocab = min([b or facts.task_vocab for b in cfg.vocab_budgets] + [facts.task_vocab])
     ranks = [r for r in cfg.embedding_ranks if 0 < r < facts.hidden]
     shape = even_shape(facts, vocab, min(ranks) if ranks else None, min(cfg.layers or [default_layers]),
-                       int(cfg.min_param_share * facts.teacher_nonemb))
+                       lowest(facts, cfg))
     size, step = _bytes(facts, shape)
     return size + cfg.reserve_steps * step
 
@@ -217,11 +248,13 @@ def facts_of(data, tokenizer, hf: dict, max_len: int, buckets: list[int], quant,
     return dataclasses.replace(f, teacher_nonemb=L * units + overhead(f, L))
 
 
-def record(facts: Facts, max_size: int, found: list[Candidate], chosen: Candidate | None, seconds: float) -> dict:
-    """report.json's `search`: the budget, every candidate (its shape, bytes and what it was scored), the one chosen
-    and the search's cost."""
-    return {"limits": {"max_size": max_size}, "task_vocab": facts.task_vocab, "seconds": round(seconds, 2),
-            "candidates": [dataclasses.asdict(c) | {"chosen": c == chosen} for c in found]}
+def record(facts: Facts, limits: dict, found: list[Candidate], chosen: Candidate | None, seconds: float,
+           latency: dict | None = None) -> dict:
+    """report.json's `search`: the budgets, every candidate (its shape, bytes, predicted p50 and what it was scored),
+    the one chosen, the latency model (with --max-latency) and the search's cost (the model's probes included)."""
+    return {"limits": limits, "task_vocab": facts.task_vocab, "seconds": round(seconds, 2),
+            "candidates": [dataclasses.asdict(c) | {"chosen": c == chosen} for c in found]} | \
+        ({"latency_model": latency} if latency else {})
 
 
 def choose(found: list[Candidate]) -> Candidate | None:
@@ -230,21 +263,61 @@ def choose(found: list[Candidate]) -> Candidate | None:
     return found[0] if found else None
 
 
+def probe_shapes(facts: Facts, depths: list[int], low: int, high_of) -> list[StudentShape]:
+    """The latency model's probes: the fewest and the most layers, each at `low` and at `high_of(layers)` layer
+    parameters (the range the candidates span), over the task vocabulary."""
+    return [even_shape(facts, facts.task_vocab, None, n, p) for n in sorted({min(depths), max(depths)})
+            for p in sorted({low, max(low, min(high_of(n), widest(facts, n)))})]
+
+
+def within_latency(ctx, facts: Facts, levers: SearchSettings, layers: int, max_size: int | None) -> tuple[list, dict]:
+    """The candidates the latency model (fitted, or read from the cache) predicts within limits.max_latency less
+    latency.MARGIN; when none is, the fastest shape (the depth predicted fastest, at the fewest parameters), which
+    the package stage's measure then holds to the budget (exit 3 when over). (candidates, report.json's
+    latency_model)."""
+    from edgekit.engine.latency import MARGIN, latency_model
+    from edgekit.errors import EdgekitError
+
+    c, max_ms = ctx.settings.compress, ctx.settings.limits.max_latency
+    low = lowest(facts, levers)
+    depths = [n for n in levers.layers or [layers] if n <= facts.teacher_layers]
+    if not depths:
+        raise EdgekitError(f"search.layers {levers.layers}: none is at most the teacher's {facts.teacher_layers} "
+                           "layers")
+    shapes = probe_shapes(facts, depths, low, lambda n: profile_target(facts, facts.task_vocab, None, n,
+                                                                        c.param_share, c.total_share))
+    model, cached = latency_model(ctx, facts.labels, shapes, [shape_params(s) for s in shapes])
+    info = model.to_dict() | {"cached": cached, "margin": MARGIN}
+    found = candidates(facts, levers, max_size, layers, c.param_share, c.total_share, (model, max_ms * (1 - MARGIN)))
+    if not found:
+        depth = min(depths, key=lambda n: (model.predict(n, low), n))
+        info["fastest_ms"] = round(model.predict(depth, low), 4)
+        log.warning("limits.max_latency %g ms: no shape is predicted within it less the %d%% margin (%.3f ms); the "
+                    "fastest the [search] levers allow is predicted at %.3f ms on this machine: building that one, "
+                    "and the package stage's measure decides", max_ms, round(100 * MARGIN), max_ms * (1 - MARGIN),
+                    info["fastest_ms"])
+        found = candidates(facts, dataclasses.replace(levers, layers=[depth]), max_size, layers, c.param_share,
+                           c.total_share, (model, max_ms), most=low)
+    return found, info
+
+
 def plan(ctx) -> dict | None:
-    """Under limits.max_size, for a build that prunes and lowers to ExecuTorch (the package sizes.py computes): the
-    candidates, and report.json's `search`. When the profile's own shape fits, its settings stay and only its
-    growth is pinned (no back-off past its shares, no vocabulary growth, the ladder capped at the reserve); else the
-    chosen candidate's [compress] settings replace them (they enter the stage keys as any setting does). A budget
-    below the smallest shape the levers allow: EdgekitError, before any training."""
+    """Under limits.max_size or limits.max_latency, for a build that prunes and lowers to ExecuTorch (the package
+    sizes.py computes): the candidates, and report.json's `search`. When the profile's own shape fits, its settings
+    stay and only its growth is pinned (no back-off past its shares, no vocabulary growth, the ladder capped at the
+    reserve); else the chosen candidate's [compress] settings replace them (they enter the stage keys as any
+    setting does). A size budget below the smallest shape the levers allow: EdgekitError, before any training."""
     import time
 
     from edgekit.engine.stages.trim_vocab import corpus
     from edgekit.errors import EdgekitError
     from edgekit.modeling.pretrained import base_config
 
-    s, max_size, c = ctx.settings, ctx.settings.limits.max_size, ctx.settings.compress
-    if max_size is None or not {"prune", "quantize"} <= set(ctx.stages) or ctx.target.primary_runtime != "executorch":
-        return None  # the budget is still held against the package written (limits.held)
+    s, c = ctx.settings, ctx.settings.compress
+    max_size, max_ms = s.limits.max_size, s.limits.max_latency
+    if (max_size is None and max_ms is None) or not {"prune", "quantize"} <= set(ctx.stages) or \
+            ctx.target.primary_runtime != "executorch":
+        return None  # the budgets are still held against the package written (limits.held)
     t0 = time.perf_counter()
     facts = facts_of(ctx.data, ctx.base_tokenizer, base_config(ctx.base_model), ctx.max_len,
                      ctx.length_stats["buckets"], s.quantize, ctx.target.runtimes, corpus(ctx), c.base_words)
@@ -252,7 +325,10 @@ def plan(ctx) -> dict | None:
     own = (c.vocab_budget or 0, c.embedding_rank or 0, layers)
     levers = dataclasses.replace(s.search, vocab_budgets=s.search.vocab_budgets or [own[0]],
                                  embedding_ranks=s.search.embedding_ranks or [own[1]])
-    found = candidates(facts, levers, max_size, layers, c.param_share, c.total_share)
+    found, latency = within_latency(ctx, facts, levers, layers, max_size) if max_ms is not None else \
+        (candidates(facts, levers, max_size, layers, c.param_share, c.total_share), None)
+    if not found and max_size is None:  # a latency budget alone: no lever combination the teacher allows
+        raise EdgekitError("[search]: no lever combination fits the teacher (layers, or ranks below its width)")
     if not found:
         floor = smallest(facts, levers, layers)
         raise EdgekitError(f"limits.max_size {max_size:,} bytes: no student shape fits; the smallest the [search] "
@@ -265,9 +341,11 @@ def plan(ctx) -> dict | None:
         chosen.settings(facts, budget)
     try:
         ctx.settings.compress = dataclasses.replace(c, max_retries=0, **pinned)
-        ctx.settings.quantize = dataclasses.replace(s.quantize, max_fallback=min(s.quantize.max_fallback,
-                                                                                 s.search.reserve_steps))
+        if max_size is not None:  # the ladder grows the package: capped at the reserve the size budget kept
+            ctx.settings.quantize = dataclasses.replace(s.quantize, max_fallback=min(s.quantize.max_fallback,
+                                                                                     s.search.reserve_steps))
     except ValueError as e:
         raise EdgekitError(f"[search]: the chosen shape's settings are refused: {e}") from None
-    out = record(facts, max_size, found, chosen, time.perf_counter() - t0)
+    out = record(facts, {"max_size": max_size, "max_latency": max_ms}, found, chosen, time.perf_counter() - t0,
+                 latency)
     return out | {"kept_profile_shape": as_profile}

@@ -1,8 +1,9 @@
 """frontier.png: the size search's candidates, package bytes against dev accuracy (issue 56).
 
 One point per candidate that was scored: dev slot F1 (circles) and dev intent accuracy (squares) against its
-package bytes, its p50 beside it where it was timed, the chosen one starred, the size budget drawn as a vertical
-line. `points` is what the figure draws, so a test can hold the picture to report.json.
+package bytes, its p50 beside it where it was timed (and the latency model's, under a latency budget), the chosen
+one starred, the size budget drawn as a vertical line. `points` is what the figure draws, so a test can hold the
+picture to report.json.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from pathlib import Path
 
 
 def points(rep: dict) -> list[dict]:
-    """The plotted points, from report.json's `search.candidates`: {label, mb, intent, slot, p50_ms, chosen},
+    """The plotted points, from report.json's `search.candidates`: {label, mb, intent, slot, p50_ms (measured),
+    p50_ms_model (the latency model's, under a latency budget), chosen},
     accuracies in percent (slot None without slots); candidates without dev figures are left out."""
     out = []
     for c in (rep.get("search") or {}).get("candidates", []):
@@ -22,7 +24,7 @@ def points(rep: dict) -> list[dict]:
         out.append({"label": f"{c['layers']}L {c['vocab']:,}p {rank} {c['nonemb'] / 1e6:.2f}M",
                     "mb": c["size_bytes"] / 1e6, "intent": 100 * dev["intent_acc"],
                     "slot": None if dev.get("slot_f1") is None else 100 * dev["slot_f1"],
-                    "p50_ms": c.get("p50_ms"), "chosen": bool(c.get("chosen"))})
+                    "p50_ms": c.get("p50_ms"), "p50_ms_model": c.get("p50_ms_model"), "chosen": bool(c.get("chosen"))})
     return out
 
 
@@ -41,7 +43,8 @@ def frontier(rep: dict, path: Path) -> Path | None:
     ax.plot(x, [p["intent"] for p in pts], "s", color="C0", label="dev intent accuracy")
     for p in pts:
         y = p["slot"] if slots else p["intent"]
-        note = p["label"] + (f", {p['p50_ms']:.2f} ms" if p["p50_ms"] is not None else "")
+        note = p["label"] + (f", {p['p50_ms']:.2f} ms" if p["p50_ms"] is not None else "") + \
+            (f" (model {p['p50_ms_model']:.2f})" if p["p50_ms_model"] is not None else "")
         ax.annotate(note, (p["mb"], y), textcoords="offset points", xytext=(4, -10), fontsize=7)
         if p["chosen"]:
             ax.plot([p["mb"]], [y], "*", color="C3", markersize=14, label="chosen")

@@ -128,6 +128,22 @@ def decoding_latency(package: str, runtime: str, texts: list[str], threads: int 
     return dict(zip(preds, alternating_latency(list(preds.values()), texts, rounds=10)))
 
 
+def probe_latency(paths: list[str], tokenizer: str, lowercase: bool, labels: dict, max_len: int, texts: list[str],
+                  buckets: list[dict], threads: int = 1) -> list[dict]:
+    """Latency of the latency model's probe graphs (edgekit.engine.latency), each a decoding graph over `tokenizer`'s
+    ids, timed over the same utterances in alternating blocks of 50: probes of several sizes, timed one utterance
+    each in turn, would each meet caches the last one flushed (see paired_latency)."""
+    from edgekit.runtime.backends import open_backend, set_threads
+    from edgekit.runtime.predictor import alternating_latency
+    from edgekit.runtime.tokenizer import SentencePieceTokenizer
+
+    set_threads(threads)
+    tok = SentencePieceTokenizer.from_file(tokenizer, lowercase)
+    preds = [Predictor(open_backend("executorch", p, threads, buckets), tok, labels, max_len, decoding=True)
+             for p in paths]
+    return alternating_latency(preds, texts, rounds=10, block=50)
+
+
 def batch_throughput(package: str, texts: list[str], batches: list[int], threads: int = 1,
                      providers: list[str] | None = None, rounds: int = 3) -> dict:
     """A batched package's model call at each batch size: p50 ms per batch and utterances per second, on

@@ -84,7 +84,7 @@ def test_bad_search_settings_are_refused_by_name(bad):
 
 def test_the_frontier_draws_what_report_json_holds(tmp_path):
     cands = [{"vocab": 9793, "emb_rank": 128, "layers": 4, "nonemb": 1_156_832, "size_bytes": 1_949_944,
-              "dev": {"intent_acc": 0.99, "slot_f1": 0.95}, "p50_ms": 0.9, "chosen": True},
+              "dev": {"intent_acc": 0.99, "slot_f1": 0.95}, "p50_ms": 0.9, "p50_ms_model": 0.85, "chosen": True},
              {"vocab": 6000, "emb_rank": None, "layers": 3, "nonemb": 452_268, "size_bytes": 1_972_912,
               "dev": {"intent_acc": 0.98, "slot_f1": 0.93}, "p50_ms": None, "chosen": False},
              {"vocab": 8000, "emb_rank": 96, "layers": 4, "nonemb": 1_686_032, "size_bytes": 1_928_884, "dev": None}]
@@ -93,17 +93,18 @@ def test_the_frontier_draws_what_report_json_holds(tmp_path):
     assert [(p["mb"], p["intent"], p["slot"], p["chosen"]) for p in pts] == [
         (c["size_bytes"] / 1e6, 100 * c["dev"]["intent_acc"], 100 * c["dev"]["slot_f1"], c["chosen"])
         for c in cands[:2]]
+    assert [(p["p50_ms"], p["p50_ms_model"]) for p in pts] == [(0.9, 0.85), (None, None)]
     assert frontier(rep, tmp_path / "frontier.png").read_bytes()[:4] == b"\x89PNG"
     assert frontier({"search": {"candidates": cands[2:]}}, tmp_path / "none.png") is None
 
 
-def _prepare(tiny_bert, tmp_path, max_size, search):
+def _prepare(tiny_bert, tmp_path, max_size, search, max_latency=None, compress=None):
     from edgekit.engine import BuildConfig
     from edgekit.engine.runner import prepare
 
     return prepare(BuildConfig(data=str(DEMO), out=str(tmp_path / "out"), base_model=str(tiny_bert), target="android",
-                               settings={"limits": {"max_size": max_size}, "search": search,
-                                         "compress": {"prune_layers": 0}}))
+                               settings={"limits": {"max_size": max_size, "max_latency": max_latency},
+                                         "search": search, "compress": {"prune_layers": 0, **(compress or {})}}))
 
 
 def test_a_build_under_a_size_budget_takes_the_first_shape_that_fits_before_any_training(tiny_bert, tmp_path):
@@ -140,3 +141,36 @@ def test_a_size_budget_no_shape_can_meet_is_refused_before_any_training(tiny_ber
 
     with pytest.raises(EdgekitError, match=r"no student shape fits; the smallest the \[search\] levers allow takes"):
         _prepare(tiny_bert, tmp_path, "20KB", {"embedding_ranks": [0, 8], "layers": [1]})
+
+
+def test_an_intent_only_csv_is_searched_under_a_size_budget(tiny_bert, tmp_path):
+    """No slot tags: the search sizes a package without slot head or decoding tables, and a budget the full table
+    no longer meets with its reserve takes the factorised one."""
+    import json
+
+    from edgekit.engine import BuildConfig
+    from edgekit.engine.runner import prepare
+
+    rows = [json.loads(line) for line in DEMO.read_text().splitlines()]
+    csv = tmp_path / "intents.csv"
+    csv.write_text("text,intent\n" + "".join(f'"{r["text"]}",{r["intent"]}\n' for r in rows))
+
+    def plan(max_size):
+        return prepare(BuildConfig(data=str(csv), out=str(tmp_path / "out"), base_model=str(tiny_bert),
+                                   target="android", settings={"limits": {"max_size": max_size},
+                                                               "search": {"embedding_ranks": [0, 8], "layers": [2],
+                                                                          "min_param_share": 0.1},
+                                                               "compress": {"prune_layers": 0}}))
+
+    roomy = plan("10MB")
+    assert roomy.data.slot_tags == [] and roomy.search["candidates"][0]["chosen"]
+    full = roomy.search["candidates"][0]
+    assert full["emb_rank"] is None
+    tight = plan(full["size_bytes"] - 1)  # the full table at its most parameters no longer fits
+    chosen = next(c for c in tight.search["candidates"] if c["chosen"])
+    assert chosen["size_bytes"] + chosen["reserve_bytes"] <= full["size_bytes"] - 1
+    assert chosen["emb_rank"] == 8 and tight.settings.compress.embedding_rank == 8
+    with_slots = _prepare(tiny_bert, tmp_path, "10MB", {"embedding_ranks": [0], "layers": [2],
+                                                        "min_param_share": 0.1})
+    # the same shape with slots ships a slot head and the decoding tables: more bytes
+    assert with_slots.search["candidates"][0]["size_bytes"] > full["size_bytes"]
