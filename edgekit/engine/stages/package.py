@@ -97,9 +97,10 @@ def _bucket_use(ctx: Context, texts: list[str], buckets: list[dict] | None) -> d
 
 def measure(ctx: Context, buckets: dict) -> dict:
     """Latency of each runtime's package graph, without decoding and before fusion, in a fresh process."""
+    from edgekit.engine.latency import bench_texts
     from edgekit.tools.bench import in_fresh_process
 
-    texts = [ex.text for ex in ctx.data.splits["test"][: ctx.settings.package.bench_utterances]]
+    texts = bench_texts(ctx)  # the utterances the latency model's probes were timed on too
     threads, latency = ctx.target.bench_threads, {}
     if not texts:  # package.bench_utterances = 0: a build that only needs the package (the report says so)
         return latency
