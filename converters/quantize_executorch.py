@@ -134,7 +134,31 @@ class XnnpackLayerNorm(nn.Module):
         x4 = x.unsqueeze(-1)  # (B, T, H, 1)
         c = x4 - x4.mean(dim=(-2, -1), keepdim=True)
         var = (c * c).mean(dim=(-2, -1), keepdim=True)  # (B, T, 1, 1)
-        return (c * torch.rsqrt(var + self.eps)).squeeze(-1) * self.weight + self.bias
+        # a view back, not squeeze(-1): XNNPACK takes no squeeze, and each one split a layer's delegate in two
+        return (c * torch.rsqrt(var + self.eps)).view(x.shape) * self.weight + self.bias
+
+
+class XnnpackAttention(nn.Module):
+    """modeling.model.Attention (same Linears, same arithmetic) with both products as 3-D bmm over B * heads.
+    A 4-D matmul lowers to expand + bmm, and XNNPACK takes no expand: every layer broke into five delegates, five
+    calls a layer, and five XNNPACK graphs in each length bucket's method."""
+
+    def __init__(self, attn: nn.Module):
+        super().__init__()
+        self.query, self.key, self.value, self.out = attn.query, attn.key, attn.value, attn.out
+        self.heads, self.head_dim = attn.heads, attn.head_dim
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        nh, hd = self.heads, self.head_dim
+
+        def split(t):  # (B, T, nh*hd) -> (B*nh, T, hd)
+            return t.view(B, T, nh, hd).permute(0, 2, 1, 3).reshape(B * nh, T, hd)
+
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        att = torch.bmm(q, k.transpose(1, 2)).view(B, nh, T, T) * (1.0 / math.sqrt(hd)) + bias  # (B, nh, T, T)
+        y = torch.bmm(att.softmax(-1).view(B * nh, T, T), v)  # (B*nh, T, hd)
+        return self.out(y.view(B, nh, T, hd).permute(0, 2, 1, 3).reshape(B, T, nh * hd))  # (B, T, H)
 
 
 class QuantizedJoint(nn.Module):
@@ -160,7 +184,10 @@ def sqnr_db(ref: torch.Tensor, test: torch.Tensor) -> float:
 
 
 def _prepare_float(model: nn.Module, cfg: QuantizeConfig, max_len: int) -> nn.Module:
-    """A copy with quantized word embeddings and position embeddings cut to max_len rows."""
+    """A copy with quantized word embeddings, position embeddings cut to max_len rows, and LayerNorm and attention
+    written as ops XNNPACK takes (one delegate an encoder, not five a layer)."""
+    from edgekit.modeling.model import Attention
+
     m = copy.deepcopy(model).eval()
     if m.pos_emb.weight.shape[0] > max_len:
         pos = nn.Embedding(max_len, m.pos_emb.weight.shape[1])
@@ -172,6 +199,8 @@ def _prepare_float(model: nn.Module, cfg: QuantizeConfig, max_len: int) -> nn.Mo
         for child, sub in list(mod.named_children()):
             if isinstance(sub, nn.LayerNorm):
                 setattr(mod, child, XnnpackLayerNorm(sub))
+            elif isinstance(sub, Attention):
+                setattr(mod, child, XnnpackAttention(sub))
     return m
 
 

@@ -18,13 +18,17 @@ from edgekit.engine.context import Context
 from edgekit.engine.registry import STAGES
 
 TOOLCHAIN = ("torch", "torchao", "executorch", "onnx", "onnxruntime")  # what quantize and the exporters run on
+# The form of the graph edgekit hands the exporters; a cached quantized model traced in an older form would be
+# exported as it was. 2: attention and word pooling as bmm, LayerNorm without squeeze (one XNNPACK delegate a layer).
+LOWERING = 2
 
 
 def toolchain() -> dict:
-    """The installed versions of the libraries that quantize and export (onnxruntime-gpu when present)."""
+    """The installed versions of the libraries that quantize and export (onnxruntime-gpu when present), and the
+    form of the graph edgekit gives them."""
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {}
+    out = {"edgekit_lowering": LOWERING}
     for name in TOOLCHAIN + ("onnxruntime-gpu",):
         try:
             out[name] = version(name)

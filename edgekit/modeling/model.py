@@ -199,8 +199,9 @@ class JointModel(nn.Module):
         same = (1.0 - (word[:, :, None] - word[:, None, :]).abs()).clamp(min=0.0)  # (B, T, T)
         keep = attention_mask[:, None, :].to(h.dtype)  # (B, 1, T)
         same = same * keep
-        count = same @ keep.transpose(1, 2)  # (B, T, 1): pieces in each piece's word
-        return (same @ h) / count.clamp(min=1.0)
+        # bmm, not @: a matmul lowers to expand + bmm, and XNNPACK takes no expand (the slot head's own delegate)
+        count = torch.bmm(same, keep.transpose(1, 2))  # (B, T, 1): pieces in each piece's word
+        return torch.bmm(same, h) / count.clamp(min=1.0)
 
 
 def count_params(model: nn.Module, embeddings: bool = True) -> int:

@@ -175,6 +175,10 @@ def test_weight4_layers_are_4bit_dynamic_lower_to_xnnpack_and_fall_back_to_int8_
     assert all(rows[n]["sqnr_db"] > 5 for n in ffn)  # 4-bit weights: coarser than INT8, still a signal
     got = export_executorch(q, ExecuTorchExportConfig(T), tmp_path / "w4.pte", CHECKS)
     assert "aten.linear.default" not in got.extra["undelegated_ops"]  # qd8-f32-qc4w runs in XNNPACK
+    # attention and LayerNorm written as ops XNNPACK takes (bmm, views): no expand or squeeze left between
+    # delegates, so a layer is one delegate call, not five
+    assert not [op for op in got.extra["undelegated_ops"] if op.startswith(("aten.expand_copy", "aten.squeeze_copy"))]
+    assert got.extra["delegate_calls"] <= len(m.layers) + 2, got.extra
     assert got.extra["parity"]["intent_argmax_agree"] == 1.0, got.extra["parity"]  # the .pte computes what eager does
     assert got.bytes_after < int8_pte.bytes_after  # the same model with INT8 FFN weights
 

@@ -1,0 +1,165 @@
+"""Refit the graph constants of edgekit/engine/sizes.py: export random-weight students over a grid of shapes and
+compare each model.pte with the size model.
+
+    python examples/size_fit.py [--fit] [--cache FILE]
+
+Only the shape and the precisions decide a file's size, so tiny students (hidden 32) stand for any. Each case is
+quantized, wrapped in the decoding graph and exported as the build does; the tensor parts of the size model are
+exact, so the rest of the file is the program flatbuffer and XNNPACK's graph blobs, which the .pte's own
+deserializer separates. Prints each case's error against today's constants; --fit also solves the constants
+(least squares, rounded) from these cases. Takes about 15 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import itertools
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+INTENTS = ["a", "b", "c"]
+NAMES = ["x", "y", "z"]
+TAGS = ["O"] + [f"{p}-{n}" for n in NAMES for p in "BI"]
+H, HD = 32, 8
+
+
+def cases() -> list[dict]:
+    """Every slot, pooling and transition variant at one layer and one or two lengths; the layer and method terms
+    at three layers; then 8-bit embeddings, a factorised table and static INT8 layers."""
+    out = []
+    variants = ((True, True, True), (True, True, False), (True, False, True), (True, False, False),
+                (False, False, False))
+    for lengths, (slots, pool, tr) in itertools.product(((16,), (12, 24)), variants):
+        out.append(dict(L=1, lengths=lengths, slots=slots, pool=pool, transitions=tr, bits=4, rank=0, int8=()))
+    for lengths, (slots, pool, tr) in itertools.product(((16,), (12, 24)), (variants[0], variants[-1])):
+        out.append(dict(L=3, lengths=lengths, slots=slots, pool=pool, transitions=tr, bits=4, rank=0, int8=()))
+    base = dict(L=2, lengths=(16, 24), slots=True, pool=True, transitions=True, bits=4, rank=0, int8=())
+    return out + [base | {"bits": 8}, base | {"rank": 16}, base | {"int8": ("layers.0.fc1",)},
+                  base | {"int8": ("layers.0.*", "layers.1.fc2")}]
+
+
+def export_case(c: dict, path: Path) -> None:
+    from edgekit.converters.decoding import DecodingConfig, with_decoding
+    from edgekit.converters.export_executorch import ExecuTorchExportConfig, export_executorch
+    from edgekit.converters.quantize_executorch import QuantizeConfig, calibration_batches, quantize_executorch
+    from edgekit.modeling.model import JointModel, ModelConfig, enable_word_pool
+    from edgekit.runtime.interface import word_positions
+
+    torch.manual_seed(0)
+    T, V = max(c["lengths"]), 300
+    model = JointModel(ModelConfig(vocab_size=V, hidden=H, heads=[4, 2, 3, 4][:c["L"]], ffn=[48, 40, 64, 24][:c["L"]],
+                                   head_dim=HD, n_intents=len(INTENTS), n_slots=len(TAGS) if c["slots"] else 0,
+                                   max_positions=T, emb_rank=c["rank"] or None)).eval()
+    with torch.no_grad():  # every tensor distinct, as trained ones are: XNNPACK stores equal tensors once
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+    if c["pool"]:
+        enable_word_pool(model, [bool(i % 3 == 0) for i in range(V)])
+    q = QuantizeConfig(embedding_bits=c["bits"], weight4=["*.fc1", "*.fc2", "*.attn.*"], max_fallback=0)
+    rng = np.random.default_rng(0)
+    enc = []
+    for n in range(4, T, 2):
+        ids = np.zeros((1, T), np.int64)
+        ids[0, :n] = rng.integers(4, V, n)
+        mask = (ids != 0).astype(np.int64)
+        enc.append((ids, mask, n))
+    calib = calibration_batches([[ids, mask] for ids, mask, _ in enc])
+    if c["int8"]:  # these Linears static INT8: left out of weight4 by name
+        names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "head" not in n]
+        q = QuantizeConfig(embedding_bits=c["bits"], max_fallback=0,
+                           weight4=[n for n in names if not any(fnmatch.fnmatch(n, p) for p in c["int8"])])
+    qm, _ = quantize_executorch(model, q, calib)
+    tr = None
+    if c["transitions"]:
+        S = len(TAGS)
+        tr = {k: [0.1 * i for i in range(S)] for k in ("start", "unary", "from_b", "from_i")}
+    decoded, _ = with_decoding(qm, DecodingConfig(INTENTS, TAGS if c["slots"] else [], None, transitions=tr))
+    checks = []
+    for ids, mask, n in enc[:3]:
+        word_index = [-1] + list(range(n - 2)) + [-1] * (T - n + 1)
+        checks.append([ids, mask, word_positions(word_index).reshape(1, -1), np.ones(len(INTENTS), np.int32),
+                       np.asarray([0], np.int32)])
+    export_executorch(decoded, ExecuTorchExportConfig(T, tuple(b for b in c["lengths"] if b < T)), path, checks)
+
+
+def measured(path: Path) -> dict:
+    """The file's bytes and its XNNPACK blobs (each padded to a segment), read with ExecuTorch's deserializer."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    from edgekit.engine.sizes import SEGMENT, _pad
+
+    prog = deserialize_pte_binary(path.read_bytes()).program
+    return {"file": path.stat().st_size, "blobs": sum(_pad(len(b.data), SEGMENT) for b in prog.backend_delegate_data)}
+
+
+def predicted(c: dict) -> dict:
+    from edgekit.engine.sizes import QuantSpec, StudentShape, package_bytes
+
+    heads, ffn = (4, 2, 3, 4)[:c["L"]], (48, 40, 64, 24)[:c["L"]]
+    shape = StudentShape(300, heads, ffn, hidden=H, head_dim=HD, emb_rank=c["rank"] or None, word_pool=c["pool"])
+    names = [n for n in (f"layers.{i}.{s}" for i in range(c["L"]) for s in
+                         ("attn.query", "attn.key", "attn.value", "attn.out", "fc1", "fc2"))]
+    promoted = tuple(n for n in names if any(fnmatch.fnmatch(n, p) for p in c["int8"]))
+    quant = QuantSpec(c["bits"], weight4=("*.fc1", "*.fc2", "*.attn.*"), promoted=promoted)
+    labels = {"intents": INTENTS, "slot_tags": TAGS if c["slots"] else [], "oos_label": None}
+    T = max(c["lengths"])
+    got = package_bytes(shape, quant, labels, T, tuple(b for b in c["lengths"] if b < T), None, c["transitions"])
+    return got["model.pte"]
+
+
+def features(c: dict) -> list[float]:
+    """The graph constants' multipliers in sizes.graph_bytes' program term (per method, less what methods share)."""
+    n, L, s = len(c["lengths"]), c["L"], c["slots"]
+    n8 = sum(1 for i in range(L) for sub in ("attn.query", "attn.key", "attn.value", "attn.out", "fc1", "fc2")
+             if any(fnmatch.fnmatch(f"layers.{i}.{sub}", p) for p in c["int8"]))
+    T = sum(c["lengths"])
+    return [n, n * L, n * n8, n * (c["bits"] == 8), n * (c["bits"] == 0), n * bool(c["rank"]),
+            n * s * c["transitions"], n * s * (not c["transitions"]), n * s * (not c["pool"]),
+            T * s * c["transitions"], T * s * (not c["transitions"]), -(n - 1), -(n - 1) * L]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fit", action="store_true", help="solve the program constants from these cases")
+    ap.add_argument("--cache", type=Path, help="a JSON file of measured cases, read and extended (a rerun exports "
+                    "only what it lacks; delete it after changing the exported graph)")
+    args = ap.parse_args()
+    rows, seen = [], json.loads(args.cache.read_text()) if args.cache and args.cache.exists() else {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, c in enumerate(cases()):
+            key = json.dumps(c, sort_keys=True)
+            if key not in seen:
+                path = Path(tmp) / f"{i}.pte"
+                export_case(c, path)
+                seen[key] = measured(path)
+                if args.cache:
+                    args.cache.write_text(json.dumps(seen, indent=1))
+            m, p = seen[key], predicted(c)
+            exact = sum(p.values()) - p["program"] - p["delegate_graphs"]
+            program = m["file"] - exact - m["blobs"]
+            rows.append((c, program, m["blobs"]))
+            err = sum(p.values()) - m["file"]
+            print(f"{i:2d} L={c['L']} lengths={c['lengths']} slots={c['slots']} pool={c['pool']} "
+                  f"tr={c['transitions']} bits={c['bits']} rank={c['rank']} int8={c['int8']}: file {m['file']}, "
+                  f"program {program} (model {p['program']}), blobs {m['blobs']} (model {p['delegate_graphs']}), "
+                  f"error {err:+d}", flush=True)
+    if args.fit:
+        X = np.array([features(c) for c, _, _ in rows], float)
+        y = np.array([prog for _, prog, _ in rows], float)
+        coef = np.linalg.lstsq(X, y, rcond=None)[0]
+        names = ["BASE", "LAYER", "INT8", "EMB8", "EMB0", "RANK", "K(tr)", "K(no tr)", "NO_POOL", "POS(tr)",
+                 "POS(no tr)", "SHARED", "SHARED_LAYER"]
+        print("program:", {k: round(v) for k, v in zip(names, coef)}, "max residual",
+              round(float(np.abs(X @ coef - y).max())))
+        for c, _, blobs in rows:
+            print("blobs per method", {k: c[k] for k in ("L", "slots", "pool", "rank", "int8")},
+                  blobs / len(c["lengths"]))
+
+
+if __name__ == "__main__":
+    main()
