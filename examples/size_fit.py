@@ -7,7 +7,7 @@ Only the shape and the precisions decide a file's size, so tiny students (hidden
 quantized, wrapped in the decoding graph and exported as the build does; the tensor parts of the size model are
 exact, so the rest of the file is the program flatbuffer and XNNPACK's graph blobs, which the .pte's own
 deserializer separates. Prints each case's error against today's constants; --fit also solves the constants
-(least squares, rounded) from these cases. Takes about 15 minutes on 2 cores.
+(least squares) from these cases, PROGRAM_EMB and the per-position Viterbi bytes held as they are. Takes about 15 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -112,15 +112,40 @@ def predicted(c: dict) -> dict:
     return got["model.pte"]
 
 
-def features(c: dict) -> list[float]:
-    """The graph constants' multipliers in sizes.graph_bytes' program term (per method, less what methods share)."""
-    n, L, s = len(c["lengths"]), c["L"], c["slots"]
-    n8 = sum(1 for i in range(L) for sub in ("attn.query", "attn.key", "attn.value", "attn.out", "fc1", "fc2")
-             if any(fnmatch.fnmatch(f"layers.{i}.{sub}", p) for p in c["int8"]))
-    T = sum(c["lengths"])
-    return [n, n * L, n * n8, n * (c["bits"] == 8), n * (c["bits"] == 0), n * bool(c["rank"]),
-            n * s * c["transitions"], n * s * (not c["transitions"]), n * s * (not c["pool"]),
-            T * s * c["transitions"], T * s * (not c["transitions"]), -(n - 1), -(n - 1) * L]
+def static_int8(c: dict, layer: int | None = None) -> int:
+    """The case's static INT8 encoder Linears (all layers, or one)."""
+    return sum(1 for i in range(c["L"]) if layer in (None, i) for sub in SUBS
+               if any(fnmatch.fnmatch(f"layers.{i}.{sub}", p) for p in c["int8"]))
+
+
+SUBS = ("attn.query", "attn.key", "attn.value", "attn.out", "fc1", "fc2")
+PROGRAM = ["BASE", "LAYER", "INT8", "RANK", "NO_POOL", "SHARED", "SHARED_LAYER", "K(transitions)", "K(none)"]
+BLOBS = ["BASE(slots, pool)", "BASE(slots)", "BASE(no slots)", "LAYER", "RANK", "INT8"]
+
+
+def program_row(c: dict) -> tuple[list[float], float]:
+    """sizes.graph_bytes' program term: the multipliers of the fitted constants, and the bytes of the terms held
+    fixed (PROGRAM_EMB, the per-position Viterbi bytes)."""
+    from edgekit.engine import sizes
+
+    n, L, s, tr = len(c["lengths"]), c["L"], c["slots"], c["transitions"]
+    fixed = n * sizes.PROGRAM_EMB[c["bits"]] + s * sizes.PROGRAM_SLOTS[tr][1] * sum(c["lengths"])
+    return [n, n * L, n * static_int8(c), n * bool(c["rank"]), n * s * (not c["pool"]), -(n - 1), -(n - 1) * L,
+            n * s * tr, n * s * (not tr)], fixed
+
+
+def blob_row(c: dict) -> list[float]:
+    """sizes.graph_bytes' blobs term: DELEGATE_BASE by (slots, pooling), per layer, rank, static INT8 share."""
+    n, key = len(c["lengths"]), (c["slots"], c["pool"])
+    share = sum(static_int8(c, i) / len(SUBS) for i in range(c["L"]))
+    return [n * (key == (True, True)), n * (key == (True, False)), n * (key == (False, False)), n * c["L"],
+            n * bool(c["rank"]), n * share]
+
+
+def solve(names: list[str], X: list, y: list) -> None:
+    X, y = np.array(X, float), np.array(y, float)
+    coef = np.linalg.lstsq(X, y, rcond=None)[0]
+    print({k: round(v) for k, v in zip(names, coef)}, "max residual", round(float(np.abs(X @ coef - y).max())))
 
 
 def main() -> None:
@@ -149,16 +174,11 @@ def main() -> None:
                   f"program {program} (model {p['program']}), blobs {m['blobs']} (model {p['delegate_graphs']}), "
                   f"error {err:+d}", flush=True)
     if args.fit:
-        X = np.array([features(c) for c, _, _ in rows], float)
-        y = np.array([prog for _, prog, _ in rows], float)
-        coef = np.linalg.lstsq(X, y, rcond=None)[0]
-        names = ["BASE", "LAYER", "INT8", "EMB8", "EMB0", "RANK", "K(tr)", "K(no tr)", "NO_POOL", "POS(tr)",
-                 "POS(no tr)", "SHARED", "SHARED_LAYER"]
-        print("program:", {k: round(v) for k, v in zip(names, coef)}, "max residual",
-              round(float(np.abs(X @ coef - y).max())))
-        for c, _, blobs in rows:
-            print("blobs per method", {k: c[k] for k in ("L", "slots", "pool", "rank", "int8")},
-                  blobs / len(c["lengths"]))
+        rows_p = [program_row(c) for c, _, _ in rows]
+        print("program:", end=" ")
+        solve(PROGRAM, [x for x, _ in rows_p], [prog - fixed for (_, prog, _), (_, fixed) in zip(rows, rows_p)])
+        print("blobs:", end=" ")
+        solve(BLOBS, [blob_row(c) for c, _, _ in rows], [blobs for _, _, blobs in rows])
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ from edgekit.engine.context import Context
 from edgekit.engine.registry import STAGES
 
 TOOLCHAIN = ("torch", "torchao", "executorch", "onnx", "onnxruntime")  # what quantize and the exporters run on
-# The form of the graph edgekit hands the exporters; a cached quantized model traced in an older form would be
-# exported as it was. 2: attention and word pooling as bmm, LayerNorm without squeeze (one XNNPACK delegate a layer).
+# The form of the graph edgekit hands the exporters: a cached export (and its recorded metrics) made in an older form
+# is rebuilt. 2: attention and word pooling as bmm, LayerNorm without squeeze (one XNNPACK delegate a layer).
 LOWERING = 2
 
 
