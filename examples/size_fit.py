@@ -7,7 +7,8 @@ Only the shape and the precisions decide a file's size, so tiny students (hidden
 quantized, wrapped in the decoding graph and exported as the build does; the tensor parts of the size model are
 exact, so the rest of the file is the program flatbuffer and XNNPACK's graph blobs, which the .pte's own
 deserializer separates. Prints each case's error against today's constants; --fit also solves the constants
-(least squares) from these cases, PROGRAM_EMB and the per-position Viterbi bytes held as they are. Takes about 15 minutes on 2 cores.
+(least squares) from these cases, PROGRAM_EMB and the per-position Viterbi bytes held as they are. Takes about 15
+minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ INTENTS = ["a", "b", "c"]
 NAMES = ["x", "y", "z"]
 TAGS = ["O"] + [f"{p}-{n}" for n in NAMES for p in "BI"]
 H, HD = 32, 8
+SUBS = ("attn.query", "attn.key", "attn.value", "attn.out", "fc1", "fc2")  # an encoder layer's Linears
 
 
 def cases() -> list[dict]:
@@ -60,7 +62,11 @@ def export_case(c: dict, path: Path) -> None:
             p.normal_(0.0, 0.02)
     if c["pool"]:
         enable_word_pool(model, [bool(i % 3 == 0) for i in range(V)])
-    q = QuantizeConfig(embedding_bits=c["bits"], weight4=["*.fc1", "*.fc2", "*.attn.*"], max_fallback=0)
+    w4 = ["*.fc1", "*.fc2", "*.attn.*"]
+    if c["int8"]:  # these Linears static INT8: left out of weight4 by name
+        w4 = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "head" not in n
+              and n not in int8_names(c)]
+    q = QuantizeConfig(embedding_bits=c["bits"], weight4=w4, max_fallback=0)
     rng = np.random.default_rng(0)
     enc = []
     for n in range(4, T, 2):
@@ -69,10 +75,6 @@ def export_case(c: dict, path: Path) -> None:
         mask = (ids != 0).astype(np.int64)
         enc.append((ids, mask, n))
     calib = calibration_batches([[ids, mask] for ids, mask, _ in enc])
-    if c["int8"]:  # these Linears static INT8: left out of weight4 by name
-        names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "head" not in n]
-        q = QuantizeConfig(embedding_bits=c["bits"], max_fallback=0,
-                           weight4=[n for n in names if not any(fnmatch.fnmatch(n, p) for p in c["int8"])])
     qm, _ = quantize_executorch(model, q, calib)
     tr = None
     if c["transitions"]:
@@ -102,23 +104,19 @@ def predicted(c: dict) -> dict:
 
     heads, ffn = (4, 2, 3, 4)[:c["L"]], (48, 40, 64, 24)[:c["L"]]
     shape = StudentShape(300, heads, ffn, hidden=H, head_dim=HD, emb_rank=c["rank"] or None, word_pool=c["pool"])
-    names = [n for n in (f"layers.{i}.{s}" for i in range(c["L"]) for s in
-                         ("attn.query", "attn.key", "attn.value", "attn.out", "fc1", "fc2"))]
-    promoted = tuple(n for n in names if any(fnmatch.fnmatch(n, p) for p in c["int8"]))
-    quant = QuantSpec(c["bits"], weight4=("*.fc1", "*.fc2", "*.attn.*"), promoted=promoted)
+    quant = QuantSpec(c["bits"], weight4=("*.fc1", "*.fc2", "*.attn.*"), promoted=tuple(int8_names(c)))
     labels = {"intents": INTENTS, "slot_tags": TAGS if c["slots"] else [], "oos_label": None}
     T = max(c["lengths"])
     got = package_bytes(shape, quant, labels, T, tuple(b for b in c["lengths"] if b < T), None, c["transitions"])
     return got["model.pte"]
 
 
-def static_int8(c: dict, layer: int | None = None) -> int:
-    """The case's static INT8 encoder Linears (all layers, or one)."""
-    return sum(1 for i in range(c["L"]) if layer in (None, i) for sub in SUBS
-               if any(fnmatch.fnmatch(f"layers.{i}.{sub}", p) for p in c["int8"]))
+def int8_names(c: dict, layer: int | None = None) -> list[str]:
+    """The case's static INT8 encoder Linears (all layers, or one), by name."""
+    return [n for i in range(c["L"]) if layer in (None, i) for n in (f"layers.{i}.{sub}" for sub in SUBS)
+            if any(fnmatch.fnmatch(n, p) for p in c["int8"])]
 
 
-SUBS = ("attn.query", "attn.key", "attn.value", "attn.out", "fc1", "fc2")
 PROGRAM = ["BASE", "LAYER", "INT8", "RANK", "NO_POOL", "SHARED", "SHARED_LAYER", "K(transitions)", "K(none)"]
 BLOBS = ["BASE(slots, pool)", "BASE(slots)", "BASE(no slots)", "LAYER", "RANK", "INT8"]
 
@@ -130,14 +128,14 @@ def program_row(c: dict) -> tuple[list[float], float]:
 
     n, L, s, tr = len(c["lengths"]), c["L"], c["slots"], c["transitions"]
     fixed = n * sizes.PROGRAM_EMB[c["bits"]] + s * sizes.PROGRAM_SLOTS[tr][1] * sum(c["lengths"])
-    return [n, n * L, n * static_int8(c), n * bool(c["rank"]), n * s * (not c["pool"]), -(n - 1), -(n - 1) * L,
+    return [n, n * L, n * len(int8_names(c)), n * bool(c["rank"]), n * s * (not c["pool"]), -(n - 1), -(n - 1) * L,
             n * s * tr, n * s * (not tr)], fixed
 
 
 def blob_row(c: dict) -> list[float]:
     """sizes.graph_bytes' blobs term: DELEGATE_BASE by (slots, pooling), per layer, rank, static INT8 share."""
     n, key = len(c["lengths"]), (c["slots"], c["pool"])
-    share = sum(static_int8(c, i) / len(SUBS) for i in range(c["L"]))
+    share = sum(len(int8_names(c, i)) / len(SUBS) for i in range(c["L"]))
     return [n * (key == (True, True)), n * (key == (True, False)), n * (key == (False, False)), n * c["L"],
             n * bool(c["rank"]), n * share]
 

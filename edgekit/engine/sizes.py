@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 SEGMENT, CONSTANT = 128, 16  # ExecuTorch's alignment of segments and named tensors, and of constant tensors
 # Program flatbuffer, one method: base + per layer + per static INT8 encoder Linear (fitted to 0: its quantize nodes
-# now run inside XNNPACK); with slots, + K + per position of the length (the unrolled Viterbi), learned transitions or not; less
-# without word pooling. A second method shares some bytes with the first.
+# now run inside XNNPACK); with slots, + K + per position of the length (the unrolled Viterbi), learned transitions
+# or not; less without word pooling. A second method shares some bytes with the first.
 PROGRAM_BASE, PROGRAM_LAYER, PROGRAM_INT8, PROGRAM_SHARED, PROGRAM_SHARED_LAYER = 6041, 3097, 0, 1499, 2304
 PROGRAM_SLOTS = {True: (4601, 1724), False: (3701, 1444)}  # transitions: (K, per position)
 PROGRAM_NO_POOL, PROGRAM_RANK, PROGRAM_EMB = -1323, 121, {4: 0, 8: -16, 0: -200}
