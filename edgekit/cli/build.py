@@ -56,7 +56,8 @@ def build(
     label_issues: Annotated[bool, typer.Option(help="Search for mislabelled utterances before training: "
                                                "OUT/label_issues.jsonl, its summary in report.json.")] = False,
     max_size: Annotated[Optional[str], typer.Option(help="Size budget of the package as the primary runtime ships "
-                                                    "it, e.g. 2MB (B, KB, MB, KiB, MiB); limits.max_size. Missed: "
+                                                    "it, e.g. 2MB (B, KB, MB, KiB, MiB), or none to lift a "
+                                                    "profile's; limits.max_size. Missed: "
                                                     "the package is written, marked over budget, exit code 3.")] = None,
     max_latency: Annotated[Optional[str], typer.Option(help="Latency budget: the p50 the package stage measures on "
                                                        "this machine, e.g. 0.4ms (us, ms, s); limits.max_latency. "

@@ -23,8 +23,9 @@ _AMOUNT = re.compile(r"\s*(\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)\s*
 
 def _amount(value, units: dict[str, float], bare: str) -> float | None:
     """A positive finite amount in the unit `bare`, from a number (in `bare`) or a string NUMBER UNIT (a sign is
-    no number here); None stays None. ValueError (no message: the caller words it) otherwise."""
-    if value is None:
+    no number here); None and "none" give None (no budget: how a profile or a build lifts one it inherits, as TOML
+    has no null). ValueError (no message: the caller words it) otherwise."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
         return None
     if isinstance(value, bool):
         raise ValueError
@@ -43,7 +44,7 @@ def _amount(value, units: dict[str, float], bare: str) -> float | None:
 
 def parse_size(value) -> int | None:
     """Bytes from `2000000`, `"2MB"`, `"1.5 MiB"` (units B, KB, MB, GB, KiB, MiB, GiB; a bare number is bytes);
-    None stays None; ValueError naming the field otherwise."""
+    None or "none": no budget; ValueError naming the field otherwise."""
     try:
         amount = _amount(value, SIZE_UNITS, "B")
     except ValueError:
@@ -55,7 +56,7 @@ def parse_size(value) -> int | None:
 
 
 def parse_latency(value) -> float | None:
-    """Milliseconds from `0.4`, `"0.4ms"`, `"400us"`, `"0.0004s"` (a bare number is ms); None stays None;
+    """Milliseconds from `0.4`, `"0.4ms"`, `"400us"`, `"0.0004s"` (a bare number is ms); None or "none": no budget;
     ValueError naming the field otherwise."""
     try:
         return _amount(value, TIME_UNITS, "ms")

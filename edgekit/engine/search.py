@@ -34,6 +34,11 @@ class SearchSettings:
     embedding_ranks: list[int] = field(default_factory=list)  # factorised table's rank; 0: the full table
     layers: list[int] = field(default_factory=list)
     min_param_share: float = 0.04  # fewer non-embedding parameters than this share of the teacher's: no candidate
+    # The first candidate in lever order that keeps at least this share of the layer parameters its shape has
+    # without a budget is taken; none does: the first. CLINC150 under 2 MB: the whole table with 27% of them gave
+    # 92.60 / 74.4 (in scope / out-of-scope recall, one seed), a rank-64 table with all of them 93.81 / 79.0 (two
+    # seeds; docs/experiments.md, 2026-12-07); SNIPS's and ATIS's choices keep 75% and 76%.
+    prefer_share: float = 0.5
     reserve_steps: int = 1  # quantize fallback steps the size budget keeps room for (the ladder is capped there)
 
     def __post_init__(self):
@@ -47,8 +52,9 @@ class SearchSettings:
         if any(0 < v <= N_FIXED for v in self.vocab_budgets):
             raise ValueError(f"vocab_budgets must be 0 (every task piece) or above the {N_FIXED} special and byte "
                              f"pieces, got {self.vocab_budgets!r}")
-        if not 0 < self.min_param_share <= 1:
-            raise ValueError(f"min_param_share must be in (0, 1], got {self.min_param_share}")
+        for name in ("min_param_share", "prefer_share"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if not isinstance(self.reserve_steps, int) or isinstance(self.reserve_steps, bool) or self.reserve_steps < 0:
             raise ValueError(f"reserve_steps must be a whole number >= 0, got {self.reserve_steps!r}")
 
@@ -86,6 +92,7 @@ class Candidate:
     size_bytes: int
     reserve_bytes: int
     p50_ms_model: float | None = None
+    unbudgeted: int = 0  # the layer parameters this shape keeps without a budget (the profile's shares)
 
     def settings(self, facts: Facts, vocab_budget: int) -> dict:
         """The build settings this candidate stands for ([compress]): the prune target as a share of the teacher's
@@ -194,8 +201,8 @@ def candidates(facts: Facts, cfg: SearchSettings, max_size: int | None, default_
         if layers > facts.teacher_layers or rank >= facts.hidden or (vocab, rank, layers) in seen:
             continue
         seen.add((vocab, rank, layers))
-        high = min(max(low, profile_target(facts, vocab, rank, layers, param_share, total_share)),
-                   widest(facts, layers))
+        high = unbudgeted = min(max(low, profile_target(facts, vocab, rank, layers, param_share, total_share)),
+                                widest(facts, layers))
         if most is not None:
             high = min(high, max(low, most))
         if latency is not None and most is None:
@@ -205,7 +212,7 @@ def candidates(facts: Facts, cfg: SearchSettings, max_size: int | None, default_
         c = fill(facts, vocab, rank, layers, max_size, cfg.reserve_steps, low, high)
         if c is not None:
             p50 = None if latency is None else round(latency[0].predict(layers, c.nonemb), 4)
-            out.append(dataclasses.replace(c, p50_ms_model=p50))
+            out.append(dataclasses.replace(c, p50_ms_model=p50, unbudgeted=unbudgeted))
     return out
 
 
@@ -257,10 +264,12 @@ def record(facts: Facts, limits: dict, found: list[Candidate], chosen: Candidate
         ({"latency_model": latency} if latency else {})
 
 
-def choose(found: list[Candidate]) -> Candidate | None:
-    """The first candidate in the profile's lever order: the levers are listed cheapest first (docs/experiments.md
-    measures each), and every candidate keeps at least min_param_share of the teacher's parameters."""
-    return found[0] if found else None
+def choose(found: list[Candidate], prefer_share: float = 0.5) -> Candidate | None:
+    """The first candidate in the profile's lever order (listed cheapest first; docs/experiments.md measures each)
+    that keeps at least `prefer_share` of the layer parameters its shape has without a budget, else the first:
+    a whole table that leaves the layers a quarter of their parameters loses to a factorised one that keeps them
+    all. Every candidate keeps at least min_param_share of the teacher's parameters."""
+    return next((c for c in found if c.nonemb >= prefer_share * c.unbudgeted), found[0] if found else None)
 
 
 def probe_shapes(facts: Facts, depths: list[int], low: int, high_of) -> list[StudentShape]:
@@ -333,7 +342,7 @@ def plan(ctx) -> dict | None:
         floor = smallest(facts, levers, layers)
         raise EdgekitError(f"limits.max_size {max_size:,} bytes: no student shape fits; the smallest the [search] "
                            f"levers allow takes {floor:,} bytes (--max-size, or widen [search])")
-    chosen = choose(found)
+    chosen = choose(found, s.search.prefer_share)
     budget = next(b for b in levers.vocab_budgets if min(b or facts.task_vocab, facts.task_vocab) == chosen.vocab)
     as_profile = (budget, chosen.emb_rank or 0, chosen.layers) == own and chosen.nonemb + 256 >= profile_target(
         facts, chosen.vocab, chosen.emb_rank, chosen.layers, c.param_share, c.total_share)

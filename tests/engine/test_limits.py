@@ -20,14 +20,16 @@ QUICK = {"teacher": {"epochs": 1, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2}
 
 @pytest.mark.parametrize("text,size", [("2MB", 2_000_000), ("1.5 MiB", 1_572_864), ("2000000", 2_000_000),
                                        (2_000_000, 2_000_000), ("1KB", 1000), ("1KiB", 1024), ("1e3B", 1000),
-                                       ("0.5KB", 500), (None, None)])
+                                       ("0.5KB", 500), (None, None), ("none", None),
+                                       (" None ", None)])
 def test_sizes_take_decimal_and_binary_units(text, size):
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text,ms", [("0.4ms", 0.4), ("400us", 0.4), ("0.0004s", 0.4), (0.4, 0.4), ("2", 2.0)])
+@pytest.mark.parametrize("text,ms", [("0.4ms", 0.4), ("400us", 0.4), ("0.0004s", 0.4), (0.4, 0.4), ("2", 2.0),
+                                     ("none", None)])
 def test_latencies_take_us_ms_and_s(text, ms):
-    assert parse_latency(text) == pytest.approx(ms)
+    assert parse_latency(text) == (ms if ms is None else pytest.approx(ms))
 
 
 @pytest.mark.parametrize("flag,value", [("--max-size", "banana"), ("--max-size", "-1MB"), ("--max-size", "0"),
@@ -55,6 +57,25 @@ def test_a_latency_budget_needs_the_package_stage_to_measure(tmp_path):
                       settings={"limits": {"max_latency": "1ms"}, "package": {"bench_utterances": 0}})
     with pytest.raises(EdgekitError, match="package.bench_utterances = 0 measures none"):
         prepare(cfg)
+
+
+def test_a_profiles_budget_is_lifted_by_none(tmp_path):
+    """TOML has no null: a profile that extends one with [limits] lifts it with "none", and so does a build
+    (`--max-size none`); the flag reaches the CLI's checks as a budget it accepts."""
+    from edgekit.engine import resolve
+
+    (tmp_path / "small.toml").write_text('extends = "android"\nname = "small"\n\n[limits]\nmax_size = "2MB"\n')
+    (tmp_path / "free.toml").write_text('extends = "small.toml"\nname = "free"\n\n[limits]\nmax_size = "none"\n')
+
+    def limits(target, sets=()):
+        return resolve(BuildConfig(data="x", out="y", target=str(tmp_path / target), sets=list(sets)))[1].limits
+
+    assert limits("small.toml").max_size == 2_000_000 and limits("free.toml").max_size is None
+    assert limits("small.toml", ['limits.max_size="none"']).max_size is None
+    assert limits("free.toml", ['limits.max_latency="none"']).max_latency is None
+    code, said = cli(["build", "--data", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "o"), "--max-size",
+                      "none"])
+    assert code == 2 and "limits" not in said and "missing.csv" in said  # accepted: the missing data stops it
 
 
 def test_budgets_are_held_against_the_package_and_change_no_cache_key(tmp_path, tiny_bert):

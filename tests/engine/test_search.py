@@ -6,6 +6,7 @@ from edgekit.engine.search import (
     Facts,
     SearchSettings,
     candidates,
+    choose,
     even_shape,
     fill,
     overhead,
@@ -74,8 +75,26 @@ def test_a_candidate_stands_for_pinned_compress_settings():
     assert s["embedding_rank"] == 128 and s["prune_layers"] == 2 and s["vocab_budget"] is None
 
 
+def test_the_first_candidate_that_keeps_its_layers_is_chosen_over_a_whole_table_that_starves_them():
+    """CLINC150's 6,070 pieces under 2 MB: the whole table fits only with about a quarter of the layer parameters
+    its shape keeps without a budget; the rank-64 table keeps nearly all and is taken. Under 1 MB no SNIPS shape
+    keeps half: the first in lever order is taken, as before."""
+    labels, slots = snips_like_labels()
+    facts = Facts({**labels, "slot_tags": ["O"]}, 6070, 24, (16,), 6, MINILM_NONEMB,
+                  QuantSpec(4, 128, weight4=ANDROID_W4 + ("word_proj",)), piece_utf8=45_000)
+    found = candidates(facts, SearchSettings(embedding_ranks=[0, 64], reserve_steps=0), 2_000_000, 4, 0.25)
+    whole, r64 = found
+    assert whole.emb_rank is None and whole.nonemb < 0.3 * whole.unbudgeted and r64.nonemb > 0.9 * r64.unbudgeted
+    assert choose(found) == r64 and choose(found, prefer_share=0.2) == whole
+    small = candidates(snips_facts(), SearchSettings(vocab_budgets=[6000, 4000], embedding_ranks=[64]), 1_000_000, 4,
+                       0.25)
+    assert all(c.nonemb < 0.5 * c.unbudgeted for c in small) and choose(small) == small[0]
+    assert choose([]) is None
+
+
 @pytest.mark.parametrize("bad", [{"vocab_budgets": [100]}, {"embedding_ranks": [-1]}, {"layers": [0]},
-                                 {"min_param_share": 0}, {"reserve_steps": -1}, {"layers": "4"},
+                                 {"min_param_share": 0}, {"reserve_steps": -1},
+                                 {"prefer_share": 0}, {"prefer_share": 1.5}, {"layers": "4"},
                                  {"reserve_steps": True}, {"layers": [True]}])
 def test_bad_search_settings_are_refused_by_name(bad):
     with pytest.raises(ValueError, match=next(iter(bad)).split("_")[0]):
