@@ -63,7 +63,8 @@ def build(
                                                        "this machine, e.g. 0.4ms (us, ms, s); limits.max_latency. "
                                                        "Android and iOS choose the student's shape by a latency "
                                                        "model fitted here (minutes, once per machine and settings). "
-                                                       "Missed: exit code 3, as --max-size.")] = None,
+                                                       "Missed: exit code 3, as --max-size. none lifts a "
+                                                       "profile's.")] = None,
 ):
     """Fine-tune, compress and export a model for a target, and write a verified package.
 

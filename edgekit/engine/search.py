@@ -9,7 +9,8 @@ less a reserve for the quantize fallback ladder (`reserve_steps` 4-bit Linears m
 growth passes the budget. Heads and FFN channels are spread evenly over the layers in the teacher's proportion: the
 prune stage spreads them unevenly, which moves the package by a few hundred bytes (tests/engine/test_search.py).
 
-No training here: the candidates are ranked afterwards (distilled briefly, or by the profile's lever order).
+No training here: the first candidate in the profile's lever order that keeps at least `prefer_share` of the layer
+parameters its shape would have without the size budget is taken (`choose`), else the first.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ class SearchSettings:
     layers: list[int] = field(default_factory=list)
     min_param_share: float = 0.04  # fewer non-embedding parameters than this share of the teacher's: no candidate
     # The first candidate in lever order that keeps at least this share of the layer parameters its shape has
-    # without a budget is taken; none does: the first. CLINC150 under 2 MB: the whole table with 27% of them gave
-    # 92.60 / 74.4 (in scope / out-of-scope recall, one seed), a rank-64 table with all of them 93.81 / 79.0 (two
-    # seeds; docs/experiments.md, 2026-12-07); SNIPS's and ATIS's choices keep 75% and 76%.
+    # without the size budget is taken; none does: the first. CLINC150 under 2 MB: the whole table with 27% of them
+    # gave 92.60 / 74.4 (in scope / out-of-scope recall, one seed), a rank-64 table with all of them 93.81 / 79.0
+    # (two seeds; docs/experiments.md, 2026-12-07, CLINC150 under 2 MB). On SNIPS too, more layer parameters
+    # beat a wider table: rank 64 with 1.97 M gave 94.28 slot F1 (three seeds), rank 128 with 1.40 M 93.73 (one).
     prefer_share: float = 0.5
     reserve_steps: int = 1  # quantize fallback steps the size budget keeps room for (the ladder is capped there)
 
@@ -82,8 +84,9 @@ class Facts:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One shape: its levers, the non-embedding parameters that fill the budget, its predicted bytes, and its p50
-    as the latency model predicts it (None without a latency budget)."""
+    """One shape: its levers, the non-embedding parameters that fill the budget, its predicted bytes, its p50 as
+    the latency model predicts it (None without a latency budget), and the layer parameters it would keep without
+    the size budget (under the profile's shares and the latency cap)."""
 
     vocab: int
     emb_rank: int | None
@@ -92,7 +95,7 @@ class Candidate:
     size_bytes: int
     reserve_bytes: int
     p50_ms_model: float | None = None
-    unbudgeted: int = 0  # the layer parameters this shape keeps without a budget (the profile's shares)
+    unbudgeted: int = 0  # layer parameters without the size budget; 0: unknown (never passed over by `choose`)
 
     def settings(self, facts: Facts, vocab_budget: int) -> dict:
         """The build settings this candidate stands for ([compress]): the prune target as a share of the teacher's
@@ -201,8 +204,8 @@ def candidates(facts: Facts, cfg: SearchSettings, max_size: int | None, default_
         if layers > facts.teacher_layers or rank >= facts.hidden or (vocab, rank, layers) in seen:
             continue
         seen.add((vocab, rank, layers))
-        high = unbudgeted = min(max(low, profile_target(facts, vocab, rank, layers, param_share, total_share)),
-                                widest(facts, layers))
+        high = min(max(low, profile_target(facts, vocab, rank, layers, param_share, total_share)),
+                   widest(facts, layers))
         if most is not None:
             high = min(high, max(low, most))
         if latency is not None and most is None:
@@ -212,7 +215,8 @@ def candidates(facts: Facts, cfg: SearchSettings, max_size: int | None, default_
         c = fill(facts, vocab, rank, layers, max_size, cfg.reserve_steps, low, high)
         if c is not None:
             p50 = None if latency is None else round(latency[0].predict(layers, c.nonemb), 4)
-            out.append(dataclasses.replace(c, p50_ms_model=p50, unbudgeted=unbudgeted))
+            # a shape the latency cap holds back is not starved by the size budget: only the size budget counts
+            out.append(dataclasses.replace(c, p50_ms_model=p50, unbudgeted=high))
     return out
 
 
@@ -264,11 +268,11 @@ def record(facts: Facts, limits: dict, found: list[Candidate], chosen: Candidate
         ({"latency_model": latency} if latency else {})
 
 
-def choose(found: list[Candidate], prefer_share: float = 0.5) -> Candidate | None:
+def choose(found: list[Candidate], prefer_share: float) -> Candidate | None:
     """The first candidate in the profile's lever order (listed cheapest first; docs/experiments.md measures each)
-    that keeps at least `prefer_share` of the layer parameters its shape has without a budget, else the first:
-    a whole table that leaves the layers a quarter of their parameters loses to a factorised one that keeps them
-    all. Every candidate keeps at least min_param_share of the teacher's parameters."""
+    that keeps at least `prefer_share` of the layer parameters its shape has without the size budget, else the
+    first: a whole table that leaves the layers a quarter of their parameters loses to a factorised one that keeps
+    them all. Every candidate keeps at least min_param_share of the teacher's parameters."""
     return next((c for c in found if c.nonemb >= prefer_share * c.unbudgeted), found[0] if found else None)
 
 
