@@ -64,8 +64,9 @@ def export_case(c: dict, path: Path) -> None:
         enable_word_pool(model, [bool(i % 3 == 0) for i in range(V)])
     w4 = ["*.fc1", "*.fc2", "*.attn.*"]
     if c["int8"]:  # these Linears static INT8: left out of weight4 by name
+        static = set(int8_names(c))
         w4 = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "head" not in n
-              and n not in int8_names(c)]
+              and n not in static]
     q = QuantizeConfig(embedding_bits=c["bits"], weight4=w4, max_fallback=0)
     rng = np.random.default_rng(0)
     enc = []

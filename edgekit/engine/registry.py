@@ -33,9 +33,9 @@ class StageSpec:
     # Build facts in its key besides the common ones (edgekit.engine.keys.FACTS): "vocab_corpus" (the file's
     # content), "toolchain" (library versions, edgekit's graph form), "runtimes" (the target's runtimes and
     # buckets), "bench" (threads and profile name: the manifest names the profile and latency is measured on its
-    # threads), "strong_teacher"
-    # (distill.teacher's key), "assistant" (distill.assistant's settings and teacher, when on), "unlabelled" (the
-    # file's content), "schema" (the package schema version: what the exported graph answers)
+    # threads), "strong_teacher" (distill.teacher's key), "assistant" (distill.assistant's settings and teacher,
+    # when on), "unlabelled" (the file's content), "schema" (the package schema version: what the exported graph
+    # answers)
     facts: tuple[str, ...] = ()
 
     @property

@@ -95,7 +95,7 @@ def test_the_first_candidate_that_keeps_its_layers_is_chosen_over_a_whole_table_
 def test_snips_under_2mb_on_androids_own_levers_takes_rank_96_over_a_starved_rank_128():
     """android's levers (vocabulary first, then ranks 0, 128, 96, 64): the whole table does not fit 2 MB, rank 128
     fits with about a third of the layer parameters, rank 96 with half: rank 96 is taken (docs/experiments.md,
-    2026-12-07, CLINC150 under 2 MB, measures it on SNIPS)."""
+    2026-12-07, "SNIPS --max-size 2MB on android's own levers", measures both)."""
     levers = SearchSettings(vocab_budgets=[10000, 8000, 6000, 4000], embedding_ranks=[0, 128, 96, 64])
     found = candidates(snips_facts(), levers, 2_000_000, 4, 0.25)
     first, chosen = found[0], choose(found, levers.prefer_share)
