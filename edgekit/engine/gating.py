@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from edgekit.engine.context import Context
+from edgekit.engine.decoding_policy import with_rejection
 from edgekit.errors import EdgekitError
 
 log = logging.getLogger("edgekit")
@@ -32,8 +33,12 @@ def budget(ctx: Context) -> dict:
 
 
 def gate(ctx: Context, dev: dict) -> tuple[bool, dict]:
-    """Dev drops against the teacher (points on a 0-100 scale), and whether all are within the budget."""
+    """Dev drops against the teacher (points on a 0-100 scale), and whether all are within the budget. With
+    out-of-scope utterances in dev, intent accuracy is the package's, rejection on (measure's `rejecting`)."""
     teacher = ctx.teacher.dev
+    if "rejecting" in dev:  # the teacher's too, measured once (a teacher cached before they existed lacks them)
+        with_rejection(ctx, teacher, ctx.teacher.model, ctx.teacher.tokenizer)
+        teacher, dev = ({**m, **m["rejecting"]} for m in (teacher, dev))
     drops = {"intent_drop_pts": 100 * (teacher["intent_acc"] - dev["intent_acc"])}
     if dev.get("slot_f1") is not None:
         drops["slot_f1_drop_pts"] = 100 * (teacher["slot_f1"] - dev["slot_f1"])

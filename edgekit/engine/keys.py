@@ -69,6 +69,11 @@ FACTS = {
     # distill.teacher's own key (its recipe, base model and data); nothing when the build's teacher teaches
     "strong_teacher": lambda ctx: {"strong_teacher": ctx.strong.key} if ctx.strong is not None else {},
     "schema": lambda ctx: {"schema_version": _schema_version()},
+    # with out-of-scope data the gates judge intent accuracy with rejection on, at the threshold budget's operating
+    # point (gating.gate): a stage gated the older way or under another budget is gated again (distill's tries come
+    # from the cache); other data keeps its keys
+    "gate": lambda ctx: {"gate": "rejecting", "oos_max_drop_pts": ctx.settings.decoding.oos_max_drop_pts}
+    if ctx.data.oos_label is not None else {},
 }
 
 

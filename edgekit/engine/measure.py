@@ -35,18 +35,20 @@ def measure(ctx: Context, model, tokenizer, split: str) -> dict:
     return m
 
 
-def intent_logits(ctx: Context, model, examples) -> np.ndarray:
-    """(N, I) float64 intent logits of `model` (no decoding graph) at the package's length, in example order."""
+def intent_logits(ctx: Context, model, examples, tokenizer=None) -> np.ndarray:
+    """(N, I) float64 intent logits of `model` (no decoding graph) at the package's length, in example order.
+    tokenizer: the model's (default: the build's)."""
     import torch
 
     from edgekit.modeling.training import collate, featurize
 
-    feats = featurize(examples, ctx.tokenizer, ctx.labels, ctx.max_len)
+    tokenizer = tokenizer or ctx.tokenizer
+    feats = featurize(examples, tokenizer, ctx.labels, ctx.max_len)
     model.eval()
     out = []
     with torch.no_grad():
         for s in range(0, len(examples), 256):
-            ids, mask, _, _ = collate(feats, list(range(s, min(s + 256, len(examples)))), ctx.tokenizer.pad_id)
+            ids, mask, _, _ = collate(feats, list(range(s, min(s + 256, len(examples)))), tokenizer.pad_id)
             out.append(model(ids, mask)[0].double().numpy())
     return np.concatenate(out) if out else np.zeros((0, len(ctx.data.intents)))
 

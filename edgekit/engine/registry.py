@@ -52,7 +52,7 @@ SPECS: tuple[StageSpec, ...] = (
     StageSpec("teacher", {"teacher": "*"}, "TeacherResult", makes_model=True, facts=("assistant",)),
     StageSpec("trim_vocab", {"compress": ("vocab_budget", "vocab_corpus", "base_words", "embedding_rank",
                                           "max_retries"), "budget": "*"}, "TrimResult", makes_model=True,
-              facts=("vocab_corpus",)),
+              facts=("vocab_corpus", "gate")),
     StageSpec("prune", {"compress": ("param_share", "total_share", "prune_layers", "prune_samples")}, "PruneResult",
               makes_model=True),
     StageSpec("distill", {"compress": ("param_share", "total_share", "max_param_share", "max_total_share",
@@ -61,7 +61,7 @@ SPECS: tuple[StageSpec, ...] = (
                                              "unlabelled_max")), "budget": "*"}, "DistillResult", makes_model=True,
               # distill.teacher enters as that teacher's own key, unlabelled as its file's content, the assistant
               # through the teacher stage's key (the input)
-              facts=("strong_teacher", "unlabelled")),
+              facts=("strong_teacher", "unlabelled", "gate")),
     StageSpec("quantize", {"quantize": AllBut(ONNX_ONLY)}, "QuantizeResult", makes_model=True, int8=True,
               facts=("toolchain",)),
     # export and package score and describe the graph as the package's sessions run it: [fuse] says which

@@ -149,7 +149,10 @@ def _tries(p: dict) -> list[str]:
     out = []
     for k, t in enumerate(p["extra"].get("tries", []), 1):
         drops = ", ".join(f"{k2} {v:.2f}" for k2, v in t["drops"].items())
-        out.append(f"  - try {k}: {t['setting']}: dev drop {drops} → {'pass' if t['passed'] else 'back off'}")
+        r = t.get("dev", {}).get("rejecting")  # out-of-scope data: the intent drop is judged with rejection on
+        how = (f" (rejection on: in scope {100 * r['in_scope_acc']:.2f}, out-of-scope recall "
+               f"{100 * r['oos_recall']:.1f})" if r else "")
+        out.append(f"  - try {k}: {t['setting']}: dev drop {drops}{how} → {'pass' if t['passed'] else 'back off'}")
     return out
 
 

@@ -147,6 +147,38 @@ def test_full_compression_build_then_a_distill_setting_reruns_only_from_distill(
     assert [s["key"] for s in looser["stages"][4:]] == [s["key"] for s in rep["stages"][4:]]
 
 
+def test_gates_on_out_of_scope_data_judge_intent_accuracy_with_rejection_on(tmp_path, tiny_bert):
+    """With out-of-scope utterances in dev, the trim and distill gates compare intent accuracy as the package
+    answers (an out-of-scope utterance refused counts right), with the threshold chosen on each model's own dev,
+    not the argmax's out-of-scope class."""
+    import random
+
+    rows = [json.loads(line) for line in DEMO.read_text().splitlines()]
+    rng = random.Random(0)
+    words = "quantum bread violin glacier tax poem ladder orbit velvet cactus sermon piston".split()
+    csv = tmp_path / "oos.csv"
+    csv.write_text("text,label\n" + "".join(f'"{r["text"]}",{r["intent"]}\n' for r in rows) + "".join(
+        " ".join(rng.choice(words) for _ in range(rng.randint(2, 6))) + ",oos\n" for _ in range(90)))
+    rep = build(BuildConfig(data=str(csv), out=str(tmp_path / "o"), base_model=str(tiny_bert),
+                            target=profile(tmp_path, intent_drop_pts=100.0), settings=FAST))
+    passes = {p["name"]: p for p in rep["passes"]}
+    teacher = passes["teacher"]["extra"]["dev"]["rejecting"]
+    n_oos = sum(line.endswith(",oos") for line in csv.read_text().splitlines())
+    assert 0 < n_oos and teacher["oos_recall"] >= passes["teacher"]["extra"]["dev"]["oos_recall"]
+    for stage in ("trim_vocab", "distill"):
+        for t in passes[stage]["extra"]["tries"]:
+            got = t["dev"]["rejecting"]
+            assert t["drops"]["intent_drop_pts"] == round(100 * (teacher["intent_acc"] - got["intent_acc"]), 3)
+            lo, hi = sorted((got["in_scope_acc"], got["oos_recall"]))
+            assert lo - 1e-12 <= got["intent_acc"] <= hi + 1e-12
+    # the gate's figures are the export stage's: the same student (no quantize stage here), policy and threshold
+    export = passes["export"]["extra"]["decoding"]
+    chosen = export["candidates"][export["policy"]]["dev"]
+    kept = passes["distill"]["extra"]["tries"][-1]["dev"]["rejecting"]
+    assert (kept["in_scope_acc"], kept["oos_recall"]) == pytest.approx((chosen["in_scope_acc"], chosen["oos_recall"]))
+    assert "(rejection on: in scope " in (tmp_path / "o" / "report.md").read_text()
+
+
 def test_distill_gate_backs_off_within_the_caps(tmp_path, tiny_bert):
     # no try can pass this budget: the gate backs off up to the cap, then ships the best try
     text = open(profile(tmp_path, intent_drop_pts=-100.0)).read().replace(

@@ -16,6 +16,7 @@ import time
 from edgekit.converters.distill import DistillInputs, distill, pack_targets, uniform_layers, unpack_targets
 from edgekit.engine.cache import stage_key
 from edgekit.engine.context import Context
+from edgekit.engine.decoding_policy import with_rejection
 from edgekit.engine.gating import Try, back_off
 from edgekit.engine.keys import FACTS  # distill.unlabelled by its file's content
 from edgekit.engine.measure import measure
@@ -87,9 +88,10 @@ def _try(ctx: Context, attempt: int, target: int) -> tuple:
     entry = ctx.cache.get("distill_try", key)
     if entry is not None:
         log.info("distill try %d: reused from the cache (%s)", attempt + 1, key[:12])
-        r = entry.result
-        return (load_model(entry.path / "model.safetensors"), PassRecord.from_dict(r["record"]), r["dev"], r["prune"],
-                key)
+        r, model = entry.result, load_model(entry.path / "model.safetensors")
+        # a try cached before the gates measured rejection (out-of-scope data) is measured so now
+        return model, PassRecord.from_dict(r["record"]), with_rejection(ctx, r["dev"], model, ctx.tokenizer), \
+            r["prune"], key
     seed_everything(ctx.settings.distill.seed)  # --seed, or distill.seed for the student alone
     if ctx.prune is None:  # no pruning in this build: distil into a copy of the previous model
         student, kept, prune_rec = source.model, None, None
@@ -117,7 +119,8 @@ def _try(ctx: Context, attempt: int, target: int) -> tuple:
         res.record.extra["teacher"] = info
     if ctx.unlabelled_dropped:
         res.record.extra["unlabelled_dropped"] = ctx.unlabelled_dropped  # equal to a dev or test utterance
-    dev = res.record.extra.pop("best_dev")  # dev metrics of the kept epoch, computed during distillation
+    # dev metrics of the kept epoch, computed during distillation; with out-of-scope data, with rejection too
+    dev = with_rejection(ctx, res.record.extra.pop("best_dev"), res.model, ctx.tokenizer)
     prune_info = {k: prune_rec["extra"][k] for k in ("target_params", "nonembedding_after", "kept_layers")} \
         if prune_rec else None
     work = ctx.cache.workdir("distill_try")

@@ -10,6 +10,7 @@ import copy
 import time
 
 from edgekit.engine.context import Context
+from edgekit.engine.decoding_policy import with_rejection
 from edgekit.engine.measure import choose_intent_slots, measure
 from edgekit.engine.results import TeacherResult, stage_row
 from edgekit.modeling.model import count_params, gather_embeddings, param_bytes
@@ -31,7 +32,7 @@ def run(ctx: Context) -> TeacherResult:
                         _model=model, _tokenizer=ctx.base_tokenizer)
     ctx.teacher = res  # evaluation decodes with the teacher's intent-slot table
     rec.metrics = measure(ctx, model, ctx.base_tokenizer, "test")
-    res.dev = measure(ctx, model, ctx.base_tokenizer, "dev")
+    res.dev = with_rejection(ctx, measure(ctx, model, ctx.base_tokenizer, "dev"), model, ctx.base_tokenizer)
     rec.extra["dev"] = res.dev
     rec.seconds += time.perf_counter() - t1
     res.record = rec.to_dict()

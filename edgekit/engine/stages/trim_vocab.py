@@ -11,6 +11,7 @@ from pathlib import Path
 from edgekit.converters.trim_vocab import TrimVocabConfig, trim_vocab
 from edgekit.engine.cache import digest_files, stage_key
 from edgekit.engine.context import Context
+from edgekit.engine.decoding_policy import with_rejection
 from edgekit.engine.gating import Try, back_off
 from edgekit.engine.measure import argmax_answers, measure
 from edgekit.engine.results import TrimResult, stage_row
@@ -51,8 +52,9 @@ def run(ctx: Context) -> TrimResult:
             budget = grown if grown < res.record.extra["vocab_task"] else None  # past the task vocabulary: all
             return True
 
-        return Try(measure(ctx, judged.model, judged.tokenizer, "dev"), f"vocabulary budget {tried_budget or 'none'}",
-                   (res, tried_budget), grow, note=f"{res.tokenizer.vocab_size} pieces, ")
+        dev = with_rejection(ctx, measure(ctx, judged.model, judged.tokenizer, "dev"), judged.model, judged.tokenizer)
+        return Try(dev, f"vocabulary budget {tried_budget or 'none'}", (res, tried_budget), grow,
+                   note=f"{res.tokenizer.vocab_size} pieces, ")
 
     (res, budget), tries, over = back_off(ctx, "trim_vocab", c.max_retries, attempt)
     model, tok, rec = res.model, res.tokenizer, res.record
