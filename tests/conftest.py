@@ -19,6 +19,20 @@ SHARED = REPO.parent / "shared" / "data"
 DEMO = REPO / "examples" / "demo_intents.jsonl"
 
 
+def oos_csv(folder: Path) -> Path:
+    """The demo's utterances with 90 out-of-scope ones (`oos`) of random unrelated words, as an intent-only CSV."""
+    import random
+
+    rows = [json.loads(line) for line in DEMO.read_text().splitlines()]
+    rng = random.Random(0)
+    words = "quantum bread violin glacier tax poem ladder orbit velvet cactus sermon piston".split()
+    oos = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 6))) for _ in range(90)]
+    csv = folder / "oos.csv"
+    csv.write_text("text,label\n" + "".join(f'"{r["text"]}",{r["intent"]}\n' for r in rows)
+                   + "".join(f"{t},oos\n" for t in oos))
+    return csv
+
+
 def need(ok: bool, what: str) -> None:
     """A test that needs what this machine lacks is skipped here and fails in CI: `.ci/run` sets CI and installs
     everything the suite needs (system tools, Node modules, the extras), so there a missing one is a broken

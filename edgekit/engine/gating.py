@@ -34,7 +34,8 @@ def budget(ctx: Context) -> dict:
 
 def gate(ctx: Context, dev: dict) -> tuple[bool, dict]:
     """Dev drops against the teacher (points on a 0-100 scale), and whether all are within the budget. With
-    out-of-scope utterances in dev, intent accuracy is the package's, rejection on (measure's `rejecting`)."""
+    out-of-scope utterances in dev, intent accuracy is the package's, rejection on (`rejecting`: see
+    decoding_policy.with_rejection)."""
     teacher = ctx.teacher.dev
     if "rejecting" in dev:  # the teacher's too, measured once (a teacher cached before they existed lacks them)
         with_rejection(ctx, teacher, ctx.teacher.model, ctx.teacher.tokenizer)

@@ -11,7 +11,7 @@ import pytest
 
 from edgekit.engine import BuildConfig, build
 from edgekit.engine.gating import BudgetMissed
-from tests.conftest import DEMO
+from tests.conftest import DEMO, oos_csv
 
 FAST = {"teacher": {"epochs": 3, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2},
         "package": {"bench_utterances": 0}, "decoding": {"compare_argmax": False}}
@@ -151,14 +151,7 @@ def test_gates_on_out_of_scope_data_judge_intent_accuracy_with_rejection_on(tmp_
     """With out-of-scope utterances in dev, the trim and distill gates compare intent accuracy as the package
     answers (an out-of-scope utterance refused counts right), with the threshold chosen on each model's own dev,
     not the argmax's out-of-scope class."""
-    import random
-
-    rows = [json.loads(line) for line in DEMO.read_text().splitlines()]
-    rng = random.Random(0)
-    words = "quantum bread violin glacier tax poem ladder orbit velvet cactus sermon piston".split()
-    csv = tmp_path / "oos.csv"
-    csv.write_text("text,label\n" + "".join(f'"{r["text"]}",{r["intent"]}\n' for r in rows) + "".join(
-        " ".join(rng.choice(words) for _ in range(rng.randint(2, 6))) + ",oos\n" for _ in range(90)))
+    csv = oos_csv(tmp_path)
     rep = build(BuildConfig(data=str(csv), out=str(tmp_path / "o"), base_model=str(tiny_bert),
                             target=profile(tmp_path, intent_drop_pts=100.0), settings=FAST))
     passes = {p["name"]: p for p in rep["passes"]}

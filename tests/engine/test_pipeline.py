@@ -6,7 +6,7 @@ import pytest
 
 from edgekit.engine import BuildConfig, build
 from edgekit.runtime import Package, Predictor
-from tests.conftest import DEMO
+from tests.conftest import DEMO, oos_csv
 
 BASIC = ["teacher", "export", "package"]
 TEACHER = {"teacher": {"epochs": 4, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2}}
@@ -278,15 +278,7 @@ def test_intent_only_csv_build(tmp_path, tiny_bert, stage_cache):
 def test_out_of_scope_data_gets_a_calibrated_threshold_and_a_curve(tmp_path, tiny_bert):
     """Data with an `oos` class: four policies calibrated on dev, the one with the most dev recall shipped, its
     test curve in the report (table and PNG), and the package refuses as the curve's chosen point says."""
-    import random
-
-    rows = [json.loads(line) for line in DEMO.read_text().splitlines()]
-    rng = random.Random(0)
-    words = "quantum bread violin glacier tax poem ladder orbit velvet cactus sermon piston".split()
-    oos = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 6))) for _ in range(90)]
-    csv = tmp_path / "oos.csv"
-    csv.write_text("text,label\n" + "".join(f'"{r["text"]}",{r["intent"]}\n' for r in rows)
-                   + "".join(f"{t},oos\n" for t in oos))
+    csv = oos_csv(tmp_path)
     out = tmp_path / "pkg"
     rep = build(BuildConfig(data=str(csv), out=str(out), base_model=str(tiny_bert), stages=BASIC, target=ONNX_ONLY,
                             settings={**TEACHER, "package": {"buckets": [], "bench_utterances": 0}, **NO_ARGMAX}))
