@@ -80,7 +80,7 @@ def make(name: str, fp32: Path, out: Path, dm, checks, calib, test_inputs) -> di
     from edgekit.runtime.backends import OnnxBackend
 
     over, weights = VARIANTS[name]
-    cfg = QuantizeConfig(weight4=["*.fc1", "*.fc2", "*.attn.*"], **over)  # devices/android.toml's [quantize]
+    cfg = QuantizeConfig(weight4=["*.fc1", "*.fc2", "*.attn.*"], **over)  # android's [quantize] before its 2 MB budget
     q, fused = out / f"{name}.unfused.onnx", out / f"{name}.onnx"
     rec = quantize_onnx(fp32, q, cfg, calib, weights=OnnxWeights(**weights))
     fuse = FuseConfig()

@@ -13,7 +13,7 @@ from edgekit.converters.quantize_onnx import OnnxWeights, linear_name, quantize_
 from edgekit.modeling.model import JointModel, ModelConfig
 
 T = 12
-WEIGHT4 = ["*.fc1", "*.fc2", "*.attn.*"]  # devices/android.toml's
+WEIGHT4 = ["*.fc1", "*.fc2", "*.attn.*"]  # the layers' Linears of devices/android.toml's weight4
 
 
 def tiny():

@@ -127,3 +127,20 @@ def test_report_md_renders_an_accuracy_miss_beside_a_limits_miss():
     assert "**Over budget.** distill missed. The package is that best try." in text
     assert "**Over budget.** limits.max_size: over. The package is written as built" in text
     assert "Budgets ([limits]): size 20 bytes against 10 (missed; executorch's files)." in text
+
+
+@pytest.mark.parametrize("size", [None, 2_000_000])
+def test_a_gate_miss_under_a_size_budget_names_the_budget_that_kept_the_student_from_growing(size):
+    """Under a size budget the search pins the student's shape (no back-off), so a dev-gate miss says why there
+    was one try and how to let the build grow; without one the message is the plain miss."""
+    from types import SimpleNamespace
+
+    from edgekit.engine.gating import settle
+
+    ctx = SimpleNamespace(settings=SimpleNamespace(budget=SimpleNamespace(intent_drop_pts=0.5, slot_f1_drop_pts=1.0)),
+                          search=None if size is None else {"limits": {"max_size": size, "max_latency": None}})
+    tries = [{"setting": "param_share 0.09", "drops": {"intent_drop_pts": 0.516}, "passed": False,
+              "budget": {"intent_drop_pts": 0.5}}]
+    msg = settle(ctx, "distill", tries)["message"]
+    assert msg.startswith("stage distill: dev accuracy budget (intent_drop_pts <= 0.5, slot_f1_drop_pts <= 1.0)")
+    assert ("2,000,000-byte size budget" in msg and "--max-size none" in msg) == (size is not None), msg

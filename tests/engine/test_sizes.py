@@ -9,7 +9,7 @@ from edgekit.engine import BuildConfig, build
 from edgekit.engine.sizes import QuantSpec, StudentShape, linear_tensors, package_bytes, tokenizer_bytes
 from tests.conftest import DEMO
 
-ANDROID_W4 = ("*.fc1", "*.fc2", "*.attn.*")  # devices/android.toml [quantize] weight4
+ANDROID_W4 = ("*.fc1", "*.fc2", "*.attn.*")  # android's weight4 before its 2 MB budget (the SNIPS build below)
 TINY_BUDGET = 225_000  # between the tiny package at 20% of the teacher's parameters and at half (with its reserve)
 
 # SNIPS android (seed 0, 2026-12-07, engine.keys.LOWERING 2): the pruned student, its labels' counts, the slots per
@@ -68,8 +68,10 @@ def tiny_android(tmp_path_factory, tiny_bert):
                              "prune_layers": 0, "max_retries": 0},
                 "budget": {"intent_drop_pts": 100.0, "slot_f1_drop_pts": 100.0},
                 "package": {"bench_utterances": 20}, "decoding": {"compare_argmax": False},
-                # the size search chooses the student's parameters under this budget (tests/engine/test_search.py)
-                "limits": {"max_size": TINY_BUDGET}, "search": {"min_param_share": 0.2}}
+                # the size search chooses the student's parameters under this budget (tests/engine/test_search.py),
+                # with a fallback step in reserve and the embedding groups of 32 the budget was set between
+                "limits": {"max_size": TINY_BUDGET}, "quantize": {"embedding_group": 32},
+                "search": {"min_param_share": 0.2, "reserve_steps": 1}}
     rep = build(BuildConfig(data=str(DEMO), out=str(out), base_model=str(tiny_bert), target="android",
                             stages=["teacher", "trim_vocab", "prune", "distill", "quantize", "export", "package"],
                             settings=settings))
