@@ -31,10 +31,12 @@ def _rows(ctx: Context) -> list[dict]:
 
 def report(ctx: Context) -> dict:
     """report.json's content, from the typed results so far."""
+    from edgekit.engine.gating import pinned_by_size
     from edgekit.engine.limits import held
 
     done = ctx.results()
-    over = [r.record["extra"]["over_budget"] for _, r in done if r.record.get("extra", {}).get("over_budget")]
+    over = [dict(o, message=o["message"] + pinned_by_size(ctx)) for o in
+            (r.record["extra"]["over_budget"] for _, r in done if r.record.get("extra", {}).get("over_budget"))]
     limits, missed = held(ctx.settings.limits, ctx.package.package, ctx.package.latency) if ctx.package else ({}, [])
     quant = ctx.quantize.record["extra"].get("quant_layers") if ctx.quantize else None
     return {"edgekit": __version__, "task": ctx.cfg.task, "target": ctx.target.name,

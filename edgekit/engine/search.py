@@ -10,7 +10,8 @@ growth passes the budget. Heads and FFN channels are spread evenly over the laye
 prune stage spreads them unevenly, which moves the package by a few hundred bytes (tests/engine/test_search.py).
 
 No training here: the first candidate in the profile's lever order that keeps at least `prefer_share` of the layer
-parameters its shape would have without the size budget is taken (`choose`), else the first.
+parameters its shape would have without the size budget is taken (`choose`), else the first. With `rank_epochs`,
+rank.py then measures a shortlist of them after the teacher stage and may build another.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ class SearchSettings:
     # devices/android.toml sets 0.7, which gives CLINC150 rank 128 with 85% of them: 93.68 / 81.9 (two seeds).
     prefer_share: float = 0.5
     reserve_steps: int = 1  # quantize fallback steps the size budget keeps room for (the ladder is capped there)
+    # Brief distillation to rank a shortlist (edgekit/engine/rank.py): epochs each (0: none, `prefer_share` picks)
+    # and how many candidates: the prior's pick, then at its vocabulary the first keeping `prefer_share` per rank.
+    rank_epochs: int = 0
+    rank_top: int = 3
 
     def __post_init__(self):
         from edgekit.text.vocab import N_FIXED
@@ -60,6 +65,10 @@ class SearchSettings:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if not isinstance(self.reserve_steps, int) or isinstance(self.reserve_steps, bool) or self.reserve_steps < 0:
             raise ValueError(f"reserve_steps must be a whole number >= 0, got {self.reserve_steps!r}")
+        for name, low in (("rank_epochs", 0), ("rank_top", 2)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueError(f"{name} must be a whole number >= {low}, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -348,7 +357,7 @@ def plan(ctx) -> dict | None:
         raise EdgekitError(f"limits.max_size {max_size:,} bytes: no student shape fits; the smallest the [search] "
                            f"levers allow takes {floor:,} bytes (--max-size, or widen [search])")
     chosen = choose(found, s.search.prefer_share)
-    budget = next(b for b in levers.vocab_budgets if min(b or facts.task_vocab, facts.task_vocab) == chosen.vocab)
+    budget = budget_of(levers, facts, chosen)
     as_profile = (budget, chosen.emb_rank or 0, chosen.layers) == own and chosen.nonemb + 256 >= profile_target(
         facts, chosen.vocab, chosen.emb_rank, chosen.layers, c.param_share, c.total_share)
     pinned = {"max_param_share": c.param_share, "max_total_share": c.total_share} if as_profile else \
@@ -362,4 +371,18 @@ def plan(ctx) -> dict | None:
         raise EdgekitError(f"[search]: the chosen shape's settings are refused: {e}") from None
     out = record(facts, {"max_size": max_size, "max_latency": max_ms}, found, chosen, time.perf_counter() - t0,
                  latency)
+    if s.search.rank_epochs and "distill" in ctx.stages:  # ranked after the teacher (rank.py), by these settings
+        from edgekit.engine.rank import shortlist
+
+        picks = shortlist(found, chosen, s.search.prefer_share, s.search.rank_top)
+        # each as plan would pin it had the prior picked it (the chosen one: as pinned above)
+        out["shortlist"] = [{"index": found.index(x), "compress": dataclasses.asdict(
+            ctx.settings.compress if x is chosen else
+            dataclasses.replace(c, max_retries=0, **x.settings(facts, budget_of(levers, facts, x))))} for x in picks]
     return out | {"kept_profile_shape": as_profile}
+
+
+def budget_of(levers: SearchSettings, facts: Facts, c: Candidate) -> int:
+    """The vocabulary budget (a lever's value) that gives the candidate's vocabulary."""
+    return next(b for b in levers.vocab_budgets if min(b or facts.task_vocab, facts.task_vocab) == c.vocab)
+

@@ -11,20 +11,27 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def label(c: dict) -> str:
+    """A candidate as the plot and the build's log name it: layers, pieces, embedding rank, layer parameters."""
+    rank = f"r{c['emb_rank']}" if c.get("emb_rank") else "full"
+    return f"{c['layers']}L {c['vocab']:,}p {rank} {c['nonemb'] / 1e6:.2f}M"
+
+
 def points(rep: dict) -> list[dict]:
     """The plotted points, from report.json's `search.candidates`: {label, mb, intent, slot, p50_ms (measured),
-    p50_ms_model (the latency model's, under a latency budget), chosen},
-    accuracies in percent (slot None without slots); candidates without dev figures are left out."""
+    p50_ms_model (the latency model's, under a latency budget), chosen, epochs (None: the fully distilled student's
+    dev figures; N: a brief distillation's, search.rank_epochs)}, accuracies in percent (slot None without slots);
+    candidates without dev figures are left out."""
     out = []
     for c in (rep.get("search") or {}).get("candidates", []):
-        dev = c.get("dev")
-        if not dev:
-            continue
-        rank = f"r{c['emb_rank']}" if c.get("emb_rank") else "full"
-        out.append({"label": f"{c['layers']}L {c['vocab']:,}p {rank} {c['nonemb'] / 1e6:.2f}M",
-                    "mb": c["size_bytes"] / 1e6, "intent": 100 * dev["intent_acc"],
-                    "slot": None if dev.get("slot_f1") is None else 100 * dev["slot_f1"],
-                    "p50_ms": c.get("p50_ms"), "p50_ms_model": c.get("p50_ms_model"), "chosen": bool(c.get("chosen"))})
+        scored = ([(c["dev"], None)] if c.get("dev") else []) + \
+            ([(c["brief"]["dev"], c["brief"]["epochs"])] if c.get("brief") else [])
+        for dev, epochs in scored:
+            out.append({"label": label(c), "mb": c["size_bytes"] / 1e6, "intent": 100 * dev["intent_acc"],
+                        "slot": None if dev.get("slot_f1") is None else 100 * dev["slot_f1"],
+                        "p50_ms": c.get("p50_ms") if epochs is None else None,
+                        "p50_ms_model": c.get("p50_ms_model"), "chosen": bool(c.get("chosen")) and epochs is None,
+                        "epochs": epochs})
     return out
 
 
@@ -36,13 +43,21 @@ def frontier(rep: dict, path: Path) -> Path | None:
     from edgekit.reporting.figure import figure, save
 
     plt, fig, ax = figure(7.2, 4.6)
-    x = [p["mb"] for p in pts]
     slots = any(p["slot"] is not None for p in pts)
-    if slots:
-        ax.plot(x, [p["slot"] for p in pts], "o", color="C1", label="dev slot F1")
-    ax.plot(x, [p["intent"] for p in pts], "s", color="C0", label="dev intent accuracy")
+    for brief, style in ((False, {}), (True, {"markerfacecolor": "none"})):
+        sel = [p for p in pts if (p["epochs"] is not None) == brief]
+        if not sel:
+            continue
+        how = f" after {sel[0]['epochs']} epoch(s), ranking" if brief else ""
+        if slots:
+            ax.plot([p["mb"] for p in sel], [p["slot"] for p in sel], "o", color="C1", label=f"dev slot F1{how}",
+                    **style)
+        ax.plot([p["mb"] for p in sel], [p["intent"] for p in sel], "s", color="C0",
+                label=f"dev intent accuracy{how}", **style)
     for p in pts:
         y = p["slot"] if slots else p["intent"]
+        if p["epochs"] is not None and any(q["label"] == p["label"] and q["epochs"] is None for q in pts):
+            continue  # the fully distilled point carries the name
         note = p["label"] + (f", {p['p50_ms']:.2f} ms" if p["p50_ms"] is not None else "") + \
             (f" (model {p['p50_ms_model']:.2f})" if p["p50_ms_model"] is not None else "")
         ax.annotate(note, (p["mb"], y), textcoords="offset points", xytext=(4, -10), fontsize=7)

@@ -44,6 +44,15 @@ def _header(rep: dict) -> list[str]:
             said.append(f"p50 {'unmeasured' if p50 is None else f'{p50:.3f} ms'} against {lim['latency']['max_ms']:g} "
                         f"ms ({'met' if lim['latency']['met'] else 'missed'}; {lim['latency']['where']})")
         lines += ["", "Budgets ([limits]): " + "; ".join(said) + "."]
+    ranking = (rep.get("search") or {}).get("ranking")
+    if ranking:  # search.rank_epochs: the shortlist's brief distillations (edgekit/engine/rank.py)
+        from edgekit.reporting.frontier import label
+
+        cands = rep["search"]["candidates"]
+        said = [f"{label(cands[r['index']])}: score {r['score']:.3f}" for r in ranking["candidates"]]
+        lines += ["", f"Size search ranked by {ranking['epochs']}-epoch distillation ({ranking['seconds']:.0f} s; dev "
+                  f"drops in units of their budgets, summed): " + "; ".join(said) + f". Built: "
+                  f"{label(cands[ranking['winner']])} (the prior's pick: {label(cands[ranking['prior']])})."]
     reused = [r["name"] for r in rep["stages"] if r.get("reused")]
     if reused:
         lines += ["", f"Reused from the stage cache (inputs and settings unchanged): {', '.join(reused)}; their "

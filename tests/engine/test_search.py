@@ -119,7 +119,8 @@ def test_the_android_profile_fits_2mb_with_the_shape_measured_for_each_benchmark
 @pytest.mark.parametrize("bad", [{"vocab_budgets": [100]}, {"embedding_ranks": [-1]}, {"layers": [0]},
                                  {"min_param_share": 0}, {"reserve_steps": -1},
                                  {"prefer_share": 0}, {"prefer_share": 1.5}, {"layers": "4"},
-                                 {"reserve_steps": True}, {"layers": [True]}])
+                                 {"reserve_steps": True}, {"layers": [True]}, {"rank_epochs": -1},
+                                 {"rank_top": 1}, {"rank_epochs": 1.5}])
 def test_bad_search_settings_are_refused_by_name(bad):
     with pytest.raises(ValueError, match=next(iter(bad)).split("_")[0]):
         SearchSettings(**bad)
@@ -217,3 +218,38 @@ def test_an_intent_only_csv_is_searched_under_a_size_budget(tiny_bert, tmp_path)
                                                         "min_param_share": 0.1})
     # the same shape with slots ships a slot head and the decoding tables: more bytes
     assert with_slots.search["candidates"][0]["size_bytes"] > full["size_bytes"]
+
+
+def test_the_shortlist_is_the_priors_pick_then_the_first_of_each_other_rank_that_keeps_its_share():
+    """search.rank_epochs ranks a few shapes, not the whole grid: the prior's pick, then per other embedding rank
+    (in lever order) at the pick's vocabulary the first that keeps prefer_share of its layer parameters, else that
+    rank's first."""
+    from edgekit.engine.rank import shortlist
+    from edgekit.engine.search import Candidate
+
+    def cand(vocab, rank, kept):
+        return Candidate(vocab, rank, 4, kept, 1_990_000, 0, unbudgeted=100)
+
+    found = [cand(9793, 128, 51), cand(9793, 96, 63), cand(9793, 64, 75), cand(8000, 128, 62), cand(8000, 96, 73),
+             cand(6000, None, 19), cand(6000, 128, 76), cand(4000, None, 52)]
+    chosen = choose(found, 0.7)
+    assert chosen is found[2]
+    # the pick's vocabulary only; neither other rank keeps 70% there: each rank's first; no full table at 9,793
+    assert shortlist(found, chosen, 0.7, 4) == [found[2], found[0], found[1]]
+    assert shortlist(found, chosen, 0.7, 2) == [found[2], found[0]]
+    wide = found + [cand(9793, 128, 80), cand(9793, None, 27)]  # e.g. fewer layers at the same rank
+    assert shortlist(wide, chosen, 0.7, 4) == [found[2], wide[8], found[1], wide[9]]
+
+
+def test_the_frontier_draws_brief_distillations_apart_from_the_full_one(tmp_path):
+    cands = [{"vocab": 9793, "emb_rank": 64, "layers": 4, "nonemb": 1_972_100, "size_bytes": 1_999_656,
+              "dev": {"intent_acc": 0.99, "slot_f1": 0.95}, "brief": {"epochs": 1, "dev": {"intent_acc": 0.97,
+                                                                                           "slot_f1": 0.90}},
+              "chosen": True},
+             {"vocab": 6000, "emb_rank": 128, "layers": 4, "nonemb": 1_990_556, "size_bytes": 1_999_712,
+              "brief": {"epochs": 1, "dev": {"intent_acc": 0.96, "slot_f1": 0.89}}, "chosen": False}]
+    rep = {"dataset": {"name": "snips"}, "search": {"limits": {"max_size": 2_000_000}, "candidates": cands}}
+    pts = points(rep)
+    assert [(p["intent"], p["slot"], p["epochs"], p["chosen"]) for p in pts] == [
+        (99.0, 95.0, None, True), (97.0, 90.0, 1, False), (96.0, 89.0, 1, False)]
+    assert frontier(rep, tmp_path / "frontier.png").read_bytes()[:4] == b"\x89PNG"
