@@ -94,6 +94,13 @@ def pinned_by_size(ctx: Context) -> str:
                                     "so it did not back off (--max-size none lets it grow)")
 
 
+def with_size_hint(ctx: Context, message: str) -> str:
+    """An accuracy miss as the build reports it: with pinned_by_size's hint, once (an older cached stage record may
+    hold it already)."""
+    hint = pinned_by_size(ctx)
+    return message if hint in message else message + hint
+
+
 @dataclass
 class Try:
     """One try of a gated stage: its dev metrics, how the report names it, what the stage keeps if it is the best,

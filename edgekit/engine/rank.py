@@ -44,6 +44,12 @@ def shortlist(found: list, chosen, prefer_share: float, top: int) -> list:
     return picks[:top]
 
 
+def as_gated(dev: dict) -> dict:
+    """Dev figures as the gate scored them: with out-of-scope data, intent accuracy with rejection on."""
+    flat = {**dev, **dev.get("rejecting", {})}
+    return {k: v for k, v in flat.items() if k not in ("rejecting", "oos_max_drop_pts")}
+
+
 def score(drops: dict, limits: dict) -> float:
     """Smaller is better: each dev drop against the teacher in units of its budget (at least 0.1 pt), summed, so an
     intent point on a 0.5-point budget weighs as two slot-F1 points on a 1.0-point one."""
@@ -94,7 +100,7 @@ def rank(ctx: Context, teacher_key: str, run_stage: Callable, on_stage: Callable
         sub, reused = brief(ctx, pick["compress"], teacher_key, run_stage)
         tries = sub.distill.tries
         kept = tries[best_try(tries)]
-        dev = {**kept["dev"], **kept["dev"].get("rejecting", {})}  # out-of-scope data: as the gate scored it
+        dev = as_gated(kept["dev"])
         row = {"index": pick["index"], "dev": dev, "drops": kept["drops"],
                "score": round(score(kept["drops"], budget(ctx)), 4),
                "excess": round(excess(kept["drops"], budget(ctx)), 4), "reused": reused,

@@ -31,11 +31,11 @@ def _rows(ctx: Context) -> list[dict]:
 
 def report(ctx: Context) -> dict:
     """report.json's content, from the typed results so far."""
-    from edgekit.engine.gating import pinned_by_size
+    from edgekit.engine.gating import with_size_hint
     from edgekit.engine.limits import held
 
     done = ctx.results()
-    over = [dict(o, message=o["message"] + pinned_by_size(ctx)) for o in
+    over = [dict(o, message=with_size_hint(ctx, o["message"])) for o in
             (r.record["extra"]["over_budget"] for _, r in done if r.record.get("extra", {}).get("over_budget"))]
     limits, missed = held(ctx.settings.limits, ctx.package.package, ctx.package.latency) if ctx.package else ({}, [])
     quant = ctx.quantize.record["extra"].get("quant_layers") if ctx.quantize else None

@@ -321,7 +321,7 @@ def build(cfg: BuildConfig, on_stage=None) -> dict:
 
 
 def _run(ctx: Context, on_stage) -> dict:
-    from edgekit.engine.gating import BudgetMissed, pinned_by_size
+    from edgekit.engine.gating import BudgetMissed, with_size_hint
     from edgekit.runtime.backends import set_threads
 
     old_plots = plots_listed(ctx.out)  # read before the first stage rewrites report.json
@@ -348,7 +348,7 @@ def _run(ctx: Context, on_stage) -> dict:
         write(ctx.out, report(ctx))
         over = res.record.get("extra", {}).get("over_budget")
         if over and ctx.cfg.strict:
-            raise BudgetMissed(over["message"] + pinned_by_size(ctx) + "; --strict: no package written. Every try is "
+            raise BudgetMissed(with_size_hint(ctx, over["message"]) + "; --strict: no package written. Every try is "
                                "in the cache: loosen the budget (--set budget.intent_drop_pts=...) or compress less")
         if on_stage:
             on_stage(name, dict(res.row, reused=res.reused, key=key[:12], wall=time.perf_counter() - t0))

@@ -340,6 +340,8 @@ def plan(ctx) -> dict | None:
     max_size, max_ms = s.limits.max_size, s.limits.max_latency
     if (max_size is None and max_ms is None) or not {"prune", "quantize"} <= set(ctx.stages) or \
             ctx.target.primary_runtime != "executorch":
+        if s.search.rank_epochs:
+            log.warning("search.rank_epochs: no size search in this build (no budget, or no ExecuTorch student)")
         return None  # the budgets are still held against the package written (limits.held)
     t0 = time.perf_counter()
     facts = facts_of(ctx.data, ctx.base_tokenizer, base_config(ctx.base_model), ctx.max_len,
@@ -371,11 +373,13 @@ def plan(ctx) -> dict | None:
         raise EdgekitError(f"[search]: the chosen shape's settings are refused: {e}") from None
     out = record(facts, {"max_size": max_size, "max_latency": max_ms}, found, chosen, time.perf_counter() - t0,
                  latency)
-    if s.search.rank_epochs and "distill" in ctx.stages:  # ranked after the teacher (rank.py), by these settings
+    if s.search.rank_epochs and not {"trim_vocab", "distill"} <= set(ctx.stages):
+        log.warning("search.rank_epochs: the stages lack trim_vocab or distill, which the ranking compares; no ranking")
+    elif s.search.rank_epochs:  # ranked after the teacher (rank.py), by these settings
         from edgekit.engine.rank import shortlist
 
         picks = shortlist(found, chosen, s.search.prefer_share, s.search.rank_top)
-        # each as plan would pin it had the prior picked it (the chosen one: as pinned above)
+        # the chosen one as pinned above; the others by their own shape's settings, pinned
         out["shortlist"] = [{"index": found.index(x), "compress": dataclasses.asdict(
             ctx.settings.compress if x is chosen else
             dataclasses.replace(c, max_retries=0, **x.settings(facts, budget_of(levers, facts, x))))} for x in picks]
@@ -385,4 +389,3 @@ def plan(ctx) -> dict | None:
 def budget_of(levers: SearchSettings, facts: Facts, c: Candidate) -> int:
     """The vocabulary budget (a lever's value) that gives the candidate's vocabulary."""
     return next(b for b in levers.vocab_budgets if min(b or facts.task_vocab, facts.task_vocab) == c.vocab)
-

@@ -27,6 +27,7 @@ def points(rep: dict) -> list[dict]:
         scored = ([(c["dev"], None)] if c.get("dev") else []) + \
             ([(c["brief"]["dev"], c["brief"]["epochs"])] if c.get("brief") else [])
         for dev, epochs in scored:
+            dev = {**dev, **dev.get("rejecting", {})}  # out-of-scope data: intent accuracy as the gates judge it
             out.append({"label": label(c), "mb": c["size_bytes"] / 1e6, "intent": 100 * dev["intent_acc"],
                         "slot": None if dev.get("slot_f1") is None else 100 * dev["slot_f1"],
                         "p50_ms": c.get("p50_ms") if epochs is None else None,

@@ -50,8 +50,8 @@ def _header(rep: dict) -> list[str]:
 
         cands = rep["search"]["candidates"]
         said = [f"{label(cands[r['index']])}: score {r['score']:.3f}" for r in ranking["candidates"]]
-        lines += ["", f"Size search ranked by {ranking['epochs']}-epoch distillation ({ranking['seconds']:.0f} s; dev "
-                  f"drops in units of their budgets, summed): " + "; ".join(said) + f". Built: "
+        lines += ["", f"Size search ranked by {ranking['epochs']}-epoch distillation ({ranking['seconds']:.0f} s; first "
+                  f"how far past the dev budgets, then the drops in units of their budgets, summed): " + "; ".join(said) + f". Built: "
                   f"{label(cands[ranking['winner']])} (the prior's pick: {label(cands[ranking['prior']])})."]
     reused = [r["name"] for r in rep["stages"] if r.get("reused")]
     if reused:

@@ -135,7 +135,7 @@ def test_a_gate_miss_under_a_size_budget_names_the_budget_that_kept_the_student_
     was one try and how to let the build grow; without one the message is the plain miss."""
     from types import SimpleNamespace
 
-    from edgekit.engine.gating import pinned_by_size, settle
+    from edgekit.engine.gating import pinned_by_size, settle, with_size_hint
 
     ctx = SimpleNamespace(settings=SimpleNamespace(budget=SimpleNamespace(intent_drop_pts=0.5, slot_f1_drop_pts=1.0)),
                           search=None if size is None else {"limits": {"max_size": size, "max_latency": None}})
@@ -146,3 +146,4 @@ def test_a_gate_miss_under_a_size_budget_names_the_budget_that_kept_the_student_
     assert "size budget" not in msg
     hint = pinned_by_size(ctx)  # what report.json and --strict add (tests/engine/test_rank.py: a build's)
     assert ("2,000,000-byte size budget" in hint and "--max-size none" in hint) == (size is not None), hint
+    assert with_size_hint(ctx, msg) == msg + hint == with_size_hint(ctx, msg + hint)  # once, cached or not

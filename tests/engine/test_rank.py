@@ -10,14 +10,14 @@ from edgekit.reporting.frontier import points
 from tests.conftest import DEMO
 
 
-def _settings(**budget):
+def _settings(rank_epochs=1, **budget):
     return {"teacher": {"epochs": 1, "batch_size": 16, "lr": 5e-3, "head_lr": 1e-2}, "distill": {"epochs": 2},
             "compress": {"total_share": 1.0, "param_share": 0.5, "max_param_share": 0.5, "max_total_share": 1.0,
                          "prune_layers": 0},
             "budget": {"intent_drop_pts": 100.0, "slot_f1_drop_pts": 100.0, **budget},
             "package": {"bench_utterances": 0}, "decoding": {"compare_argmax": False},
             "limits": {"max_size": "10MB"},
-            "search": {"embedding_ranks": [0, 16, 8], "layers": [2], "min_param_share": 0.1, "rank_epochs": 1,
+            "search": {"embedding_ranks": [0, 16, 8], "layers": [2], "min_param_share": 0.1, "rank_epochs": rank_epochs,
                        "rank_top": 3}}
 
 
@@ -63,7 +63,7 @@ def test_a_candidate_within_the_budget_outranks_one_past_it_whatever_their_score
 def test_a_gate_miss_under_a_size_budget_says_the_budget_pinned_the_student(tmp_path, tiny_bert):
     """The search pins the student's shape under a size budget (no back-off): a miss says so, and how to grow."""
     with pytest.raises(BudgetMissed) as e:
-        build(_config(tmp_path, tiny_bert, settings=_settings(intent_drop_pts=-100.0), strict=True))
+        build(_config(tmp_path, tiny_bert, settings=_settings(rank_epochs=0, intent_drop_pts=-100.0), strict=True))
     msg = str(e.value)
     assert msg.startswith("stage trim_vocab: dev accuracy budget") and e.value.exit_code == 3
     assert "the 10,000,000-byte size budget (limits.max_size) fixed the student's shape" in msg, msg
