@@ -32,6 +32,12 @@ def budget(ctx: Context) -> dict:
     return {"intent_drop_pts": b.intent_drop_pts, "slot_f1_drop_pts": b.slot_f1_drop_pts}
 
 
+def as_gated(dev: dict) -> dict:
+    """Dev figures as the gate scores them: with out-of-scope data, intent accuracy with rejection on."""
+    flat = {**dev, **dev.get("rejecting", {})}
+    return {k: v for k, v in flat.items() if k not in ("rejecting", "oos_max_drop_pts")}
+
+
 def gate(ctx: Context, dev: dict) -> tuple[bool, dict]:
     """Dev drops against the teacher (points on a 0-100 scale), and whether all are within the budget. With
     out-of-scope utterances in dev, intent accuracy is the package's, rejection on (`rejecting`: see
@@ -39,7 +45,7 @@ def gate(ctx: Context, dev: dict) -> tuple[bool, dict]:
     teacher = ctx.teacher.dev
     if "rejecting" in dev:  # the teacher's too, measured once (a teacher cached before they existed lacks them)
         with_rejection(ctx, teacher, ctx.teacher.model, ctx.teacher.tokenizer)
-        teacher, dev = ({**m, **m["rejecting"]} for m in (teacher, dev))
+        teacher, dev = as_gated(teacher), as_gated(dev)
     drops = {"intent_drop_pts": 100 * (teacher["intent_acc"] - dev["intent_acc"])}
     if dev.get("slot_f1") is not None:
         drops["slot_f1_drop_pts"] = 100 * (teacher["slot_f1"] - dev["slot_f1"])

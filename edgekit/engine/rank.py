@@ -20,7 +20,7 @@ import time
 from typing import Callable
 
 from edgekit.engine.context import Context
-from edgekit.engine.gating import best_try, budget
+from edgekit.engine.gating import as_gated, best_try, budget
 from edgekit.engine.keys import key_of
 from edgekit.errors import EdgekitError
 from edgekit.reporting.frontier import label
@@ -42,12 +42,6 @@ def shortlist(found: list, chosen, prefer_share: float, top: int) -> list:
             continue
         picks.append(next((c for c in same if c.nonemb >= prefer_share * c.unbudgeted), same[0]))
     return picks[:top]
-
-
-def as_gated(dev: dict) -> dict:
-    """Dev figures as the gate scored them: with out-of-scope data, intent accuracy with rejection on."""
-    flat = {**dev, **dev.get("rejecting", {})}
-    return {k: v for k, v in flat.items() if k not in ("rejecting", "oos_max_drop_pts")}
 
 
 def score(drops: dict, limits: dict) -> float:
