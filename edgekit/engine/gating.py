@@ -67,10 +67,14 @@ def growth(ctx: Context, drops: dict, lo: float = 1.1, hi: float = 2.0) -> float
     return min(hi, max(lo, 1 + excess / 2))
 
 
+def past_budget(drops: dict, limits: dict) -> float:
+    """How far past their budgets the drops are, summed (0: within every budget)."""
+    return sum(max(0.0, v - limits.get(k, math.inf)) for k, v in drops.items())
+
+
 def score_of(t: dict) -> tuple[float, float]:
     """Smaller is better: the sum of the drops past their budgets, then the sum of the drops."""
-    b = t["budget"]
-    return sum(max(0.0, v - b.get(k, math.inf)) for k, v in t["drops"].items()), sum(t["drops"].values())
+    return past_budget(t["drops"], t["budget"]), sum(t["drops"].values())
 
 
 def best_try(tries: list[dict]) -> int:

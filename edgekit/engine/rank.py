@@ -20,7 +20,7 @@ import time
 from typing import Callable
 
 from edgekit.engine.context import Context
-from edgekit.engine.gating import as_gated, best_try, budget
+from edgekit.engine.gating import as_gated, best_try, budget, past_budget
 from edgekit.engine.keys import key_of
 from edgekit.errors import EdgekitError
 from edgekit.reporting.frontier import label
@@ -50,14 +50,10 @@ def score(drops: dict, limits: dict) -> float:
     return sum(v / max(limits.get(k, 1.0), 0.1) for k, v in drops.items())
 
 
-def excess(drops: dict, limits: dict) -> float:
-    """How far past their budgets the drops are, summed (0: within every budget). A candidate within them is
-    ranked above one past them, whatever the scores (as the gate's best try is chosen)."""
-    return sum(max(0.0, v - limits.get(k, float("inf"))) for k, v in drops.items())
-
-
 def winner(rows: list[dict]) -> int:
-    """The ranked row to build: the least past the budgets, then the lowest score, then the earliest (the prior's)."""
+    """The ranked row to build: the least past the budgets (gating.past_budget: a candidate within them ranks above
+    one past them, whatever the scores, as the gate's best try is chosen), then the lowest score, then the earliest
+    (the prior's)."""
     return min(range(len(rows)), key=lambda i: (rows[i]["excess"], rows[i]["score"], i))
 
 
@@ -97,7 +93,7 @@ def rank(ctx: Context, teacher_key: str, run_stage: Callable, on_stage: Callable
         dev = as_gated(kept["dev"])
         row = {"index": pick["index"], "dev": dev, "drops": kept["drops"],
                "score": round(score(kept["drops"], budget(ctx)), 4),
-               "excess": round(excess(kept["drops"], budget(ctx)), 4), "reused": reused,
+               "excess": round(past_budget(kept["drops"], budget(ctx)), 4), "reused": reused,
                "seconds": round(time.perf_counter() - t0, 1)}
         rows.append(row)
         cand["brief"] = {"epochs": epochs, "dev": dev, "score": row["score"]}

@@ -5,7 +5,8 @@ import pytest
 
 from edgekit.engine import BuildConfig, build
 from edgekit.engine.gating import BudgetMissed
-from edgekit.engine.rank import excess, score, winner
+from edgekit.engine.gating import past_budget as excess
+from edgekit.engine.rank import score, winner
 from edgekit.reporting.frontier import points
 from tests.conftest import DEMO
 
